@@ -1,0 +1,286 @@
+"""The run configuration: one object with documented defaults, per-environment presets, validation.
+
+A config is written once to Redis; its `spec_hash` travels with every job so a worker never
+evaluates a policy under the wrong environment or network shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import time
+import tomllib
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+ALGOS = ("aesrl", "es", "opo", "acemrl", "cemrl", "pcemrl", "td3")
+MEAN_RULES = ("fixed-linear", "fixed-sigmoid", "baseline-absolute", "baseline-relative")
+VAR_RULES = ("fixed", "adaptive")
+ACTIVATIONS = ("tanh", "relu", "leaky_relu")
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ConfigError(ValueError):
+    """A config field is invalid; `field` names it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass
+class RunConfig:
+    """Every setting of a run. Defaults follow the paper and the official code (DESIGN.md §5)."""
+
+    env_id: str = "HalfCheetah-v5"
+    algo: str = "aesrl"
+    run_id: str = ""
+    seed: int = 0
+    total_steps: int = 1_000_000  # budget of stored transitions (the paper's x-axis)
+    # search distribution
+    mean_rule: str = "baseline-relative"
+    var_rule: str = "adaptive"
+    r: float | str = 2000.0  # fitness scale of the environment, or "auto"
+    negative_ratio: float = 0.0  # fixed-linear only: weight of negative moves
+    fixed_n: float = 10.0  # fixed variance rule: n
+    var_init: float = 1e-3  # a variance, not a standard deviation
+    var_floor: float = 1e-5
+    # ES/RL mix (P controller)
+    rl_ratio: float = 0.5  # target share ρ* of RL individuals
+    rl_gain: float = 50.0  # K_rl
+    initial_steps: int = 10_000  # stored steps of random-action ES before the first RL job
+    # networks
+    hidden: tuple[int, ...] = (400, 300)
+    activation: str = "tanh"
+    critic_hidden: tuple[int, ...] = (400, 300)
+    critic_activation: str = "leaky_relu"
+    # TD3 / RL jobs
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    batch_size: int = 256
+    gamma: float = 0.99
+    tau: float = 0.005
+    policy_noise: float = 0.2
+    noise_clip: float = 0.5
+    rl_steps_window: int = 10  # rl_steps = sum of the last N evaluated episode lengths
+    rl_steps_max: int = 10_000
+    critic_chunk: int = 1000  # critic steps between publications
+    replay_capacity: int = 200_000
+    mean_eval_episodes: int = 5  # episodes of μ after every individual (not stored)
+    # synchronous baselines
+    population: int = 10
+    parallel_critic: bool = False
+    # TD3 baseline
+    expl_noise: float = 0.1
+    td3_start_steps: int = 10_000
+    # runtime
+    job_timeout: int = 900  # seconds RQ lets one job run
+    result_ttl: int = 60  # seconds RQ keeps a finished job (results go to our own stream)
+    failure_ttl: int = 3600  # seconds RQ keeps a failed job for inspection
+    critic_wait: float = 120.0  # seconds to hold jobs after the random phase until a critic exists
+    queued_per_worker: int = 1  # jobs waiting in the queue per live worker
+    job_deadline: float = 0.0  # seconds from start after which a job is replaced; 0 = automatic
+    history_max: int = 100_000  # entries kept in the history stream
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    # filled by resolve() from the environment
+    obs_dim: int = 0
+    act_dim: int = 0
+    max_action: float = 0.0
+    max_episode_steps: int = 0
+    actor_dim: int = 0
+    created_at: float = 0.0
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, env_id: str, **overrides: Any) -> RunConfig:
+        """The preset of `env_id` (DESIGN.md §5) with `overrides` applied on top."""
+        values: dict[str, Any] = {"env_id": env_id}
+        values.update(preset_for(env_id))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in values.items() if k != "spec_hash"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown field; known fields: {', '.join(sorted(known))}")
+        cfg = cls(**values)
+        for name in ("hidden", "critic_hidden"):
+            val = getattr(cfg, name)
+            if isinstance(val, str):
+                val = [int(x) for x in val.replace("x", ",").split(",") if x.strip()]
+            setattr(cfg, name, tuple(val) if isinstance(val, list | tuple) else val)
+        return cfg
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> RunConfig:
+        """Load a TOML or JSON file (a flat table of fields); `env_id` selects the preset."""
+        path = Path(path)
+        text = path.read_text()
+        try:
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError("file", f"{path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        env_id = data.pop("env_id", None)
+        if env_id is None:
+            raise ConfigError("env_id", f"{path} does not name an environment")
+        return cls.from_preset(env_id, **data)
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self) -> RunConfig:
+        """Raise ConfigError naming the first bad field; return self when all is well."""
+        def need(cond: bool, name: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(name, msg)
+
+        need(isinstance(self.env_id, str) and bool(self.env_id), "env_id", "must name a gymnasium environment")
+        need(self.algo in ALGOS, "algo", f"{self.algo!r} is not one of {', '.join(ALGOS)}")
+        need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
+        need(self.var_rule in VAR_RULES, "var_rule", f"{self.var_rule!r} is not one of {', '.join(VAR_RULES)}")
+        if self.r != "auto":
+            need(isinstance(self.r, int | float) and math.isfinite(self.r) and self.r > 0, "r",
+                 f"must be a positive number or 'auto', got {self.r!r}")
+        if self.run_id:
+            need(bool(RUN_ID_RE.match(self.run_id)), "run_id", "use 1-64 letters, digits, '_' or '-'")
+        for name in ("total_steps", "batch_size", "rl_steps_window", "rl_steps_max", "critic_chunk",
+                     "replay_capacity", "mean_eval_episodes", "population", "job_timeout", "result_ttl",
+                     "failure_ttl", "history_max"):
+            val = getattr(self, name)
+            need(isinstance(val, int) and not isinstance(val, bool) and val > 0, name, f"must be a positive integer, got {val!r}")
+        for name in ("initial_steps", "td3_start_steps", "queued_per_worker", "seed"):
+            val = getattr(self, name)
+            need(isinstance(val, int) and not isinstance(val, bool) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
+        for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):
+            val = getattr(self, name)
+            need(isinstance(val, int | float) and math.isfinite(val) and val > 0, name, f"must be a positive number, got {val!r}")
+        for name in ("rl_ratio", "gamma", "tau", "negative_ratio"):
+            val = getattr(self, name)
+            need(isinstance(val, int | float) and 0.0 <= val <= 1.0, name, f"must be in [0, 1], got {val!r}")
+        for name in ("rl_gain", "policy_noise", "noise_clip", "expl_noise", "job_deadline", "critic_wait"):
+            val = getattr(self, name)
+            need(isinstance(val, int | float) and math.isfinite(val) and val >= 0, name, f"must be >= 0, got {val!r}")
+        need(self.var_floor <= self.var_init, "var_floor", "must not exceed var_init")
+        need(self.population >= 2 and self.population % 2 == 0, "population", "must be an even number >= 2 (antithetic pairs)")
+        for name in ("hidden", "critic_hidden"):
+            val = getattr(self, name)
+            need(isinstance(val, tuple) and len(val) >= 1 and all(isinstance(h, int) and h > 0 for h in val),
+                 name, f"must be a list of positive layer sizes, got {val!r}")
+        for name in ("activation", "critic_activation"):
+            val = getattr(self, name)
+            need(val in ACTIVATIONS, name, f"{val!r} is not one of {', '.join(ACTIVATIONS)}")
+        need(isinstance(self.env_kwargs, dict), "env_kwargs", "must be a table of keyword arguments")
+        return self
+
+    def resolve(self) -> RunConfig:
+        """Validate, read the dimensions off the environment, and fill run_id and created_at."""
+        self.validate()
+        from aesrl_queue.nets import actor_param_count  # torch-free, but keep config import light
+        from aesrl_queue.rollout import env_dims
+
+        try:
+            obs_dim, act_dim, max_action, max_steps = env_dims(self.env_id, **self.env_kwargs)
+        except ValueError as exc:
+            raise ConfigError("env_id", str(exc)) from None
+        self.obs_dim, self.act_dim, self.max_action = int(obs_dim), int(act_dim), float(max_action)
+        self.max_episode_steps = int(max_steps)
+        self.actor_dim = int(actor_param_count(self.obs_dim, self.act_dim, self.hidden))
+        if not self.run_id:
+            self.run_id = new_run_id(self.env_id, self.algo)
+        if not self.created_at:
+            self.created_at = time.time()
+        return self
+
+    # -- identity -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["hidden"] = list(self.hidden)
+        out["critic_hidden"] = list(self.critic_hidden)
+        out["spec_hash"] = self.spec_hash
+        return out
+
+    @property
+    def spec_hash(self) -> str:
+        """Hash of what a worker must agree on to evaluate a job: env, dims, networks, protocol."""
+        spec = {
+            "protocol": 1,
+            "env_id": self.env_id,
+            "env_kwargs": self.env_kwargs,
+            "obs_dim": self.obs_dim,
+            "act_dim": self.act_dim,
+            "max_action": self.max_action,
+            "hidden": list(self.hidden),
+            "activation": self.activation,
+            "critic_hidden": list(self.critic_hidden),
+            "critic_activation": self.critic_activation,
+        }
+        blob = msgpack.packb(spec, use_bin_type=True)
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @property
+    def fitness_scale(self) -> float | None:
+        return None if self.r == "auto" else float(self.r)
+
+
+def new_run_id(env_id: str, algo: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9]", "", env_id.split("-")[0])[:16] or "env"
+    return f"{stem}-{algo}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+# Per-environment presets (DESIGN.md §5). Keys are env-id stems; v4 and v5 share them.
+_PRESETS: dict[str, dict[str, Any]] = {
+    "HalfCheetah": {"r": 2000.0},
+    "Hopper": {"r": 600.0},
+    "Walker2d": {"r": 800.0},
+    "Ant": {"r": 960.0},
+    "Humanoid": {"r": 960.0, "hidden": (256, 256), "critic_hidden": (256, 256), "actor_lr": 3e-4, "critic_lr": 3e-4},
+    "Swimmer": {"r": 48.0, "rl_ratio": 0.1},
+    # Not in the paper: a fast sanity check. Returns lie in about [-1600, -100]; 200-step episodes,
+    # so fewer random steps and smaller networks make it learn in minutes on two cores.
+    "Pendulum": {
+        "r": 200.0, "initial_steps": 2000, "total_steps": 40_000, "hidden": (64, 64),
+        "critic_hidden": (256, 256), "mean_eval_episodes": 3,
+    },
+    # Simulation environments of this project (tests and benchmarks).
+    "AesrlNull": {"r": 1.0, "initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16),
+                  "mean_eval_episodes": 1},
+    "AesrlSleep": {"r": 1.0, "initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16),
+                   "mean_eval_episodes": 1},
+    "AesrlNaN": {"r": 1.0, "initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16),
+                 "mean_eval_episodes": 1},
+}
+PAPER_ENVS = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer")
+
+
+def preset_for(env_id: str) -> dict[str, Any]:
+    """Preset overrides for an env id such as 'Hopper-v5' or 'Hopper-v4' (empty when unknown)."""
+    stem = env_id.split(":")[-1].split("-")[0]
+    preset = dict(_PRESETS.get(stem, {}))
+    if not preset:
+        # Unknown environment: no fitness scale is known, so estimate it from the returns seen.
+        preset["r"] = "auto"
+    return preset
+
+
+def load_config_blob(blob: bytes) -> RunConfig:
+    """Decode a config written by the store, checking its spec_hash."""
+    from aesrl_queue.codec import CodecError, unpack
+
+    data = unpack(blob, what="config")
+    stored_hash = data.pop("spec_hash", None)
+    try:
+        cfg = RunConfig.from_dict(data)
+    except (TypeError, ConfigError) as exc:
+        raise CodecError(f"config: {exc}") from None
+    if stored_hash != cfg.spec_hash:
+        raise CodecError(f"config: spec_hash {stored_hash!r} does not match its content ({cfg.spec_hash})")
+    return cfg

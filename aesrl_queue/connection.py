@@ -1,0 +1,88 @@
+"""Redis clients for every component: URL handling, reconnect with backoff, errors that say what to do.
+
+One place decides socket timeouts (redis-py 8 defaults to 5 s, which breaks blocking reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+ENV_URL = "AESRL_REDIS_URL"
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+# Errors worth retrying: the server restarted or the link dropped for a moment.
+RETRY_ON = (redis.ConnectionError, redis.TimeoutError, ConnectionResetError, OSError)
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis could not be reached; the message says where and what to do."""
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ***, for log lines and error messages."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def resolve_url(url: str | None) -> str:
+    return url or os.environ.get(ENV_URL) or DEFAULT_URL
+
+
+def connect(
+    url: str | None = None,
+    *,
+    blocking: bool = False,
+    retries: int = 8,
+    check: bool = True,
+    **kwargs,
+) -> redis.Redis:
+    """A client for `url` (or $AESRL_REDIS_URL) that retries with exponential backoff.
+
+    `blocking=True` is for clients that issue XREAD BLOCK or BLPOP: no socket timeout there.
+    With `check`, PING once and raise RedisUnavailable with a clear message if Redis is not there.
+    """
+    url = resolve_url(url)
+    options = dict(
+        socket_connect_timeout=5.0,
+        socket_timeout=None if blocking else 30.0,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
+        retry_on_error=list(RETRY_ON),
+    )
+    options.update(kwargs)
+    try:
+        client = redis.Redis.from_url(url, **options)
+    except ValueError as exc:
+        raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+    if check:
+        ping(client, url)
+    return client
+
+
+def ping(client: redis.Redis, url: str | None = None) -> None:
+    where = redact(url) if url else "the configured Redis"
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise RedisUnavailable(
+            f"Redis at {where} refused the credentials ({exc}): put the password in the URL "
+            "(redis://:PASSWORD@host:6379/0 or redis://USER:PASSWORD@host:6379/0)"
+        ) from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise RedisUnavailable(
+            f"cannot reach Redis at {where}: {exc} — is redis-server running? "
+            f"pass --redis-url or set {ENV_URL}"
+        ) from None
+    except redis.ResponseError as exc:
+        if "NOAUTH" in str(exc) or "AUTH" in str(exc):
+            raise RedisUnavailable(
+                f"Redis at {where} needs a password: use redis://:PASSWORD@host:port/0 ({exc})"
+            ) from None
+        raise

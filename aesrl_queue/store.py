@@ -1,0 +1,439 @@
+"""The Redis schema of one run (DESIGN.md §3) behind named operations.
+
+Every key of a run lives under `aesrl:{run_id}:` and has a lifetime or a bound. The scheduler is
+the only writer of μ/var and of the state it owns; workers append episodes and results; the
+critic daemon publishes weights. Every reader validates what it reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from aesrl_queue import codec
+from aesrl_queue.codec import CodecError
+from aesrl_queue.config import RunConfig, load_config_blob
+
+log = logging.getLogger(__name__)
+
+RUNS_KEY = "aesrl:runs"  # zset run_id -> created_at: every run on this Redis
+WORKERS_KEY = "aesrl:workers"  # set of worker names that heartbeat
+WORKER_KEY = "aesrl:worker:{name}"  # hash with a short TTL, refreshed by the worker's heartbeat
+WORKER_TTL = 10  # seconds a worker counts as live after its last heartbeat
+QUEUE_RL = "aesrl-rl"
+QUEUE_ES = "aesrl-es"
+STATUSES = ("created", "running", "draining", "finished", "stopped", "failed")
+EPISODE_FIELDS = ("obs", "act", "rew", "next_obs", "done")
+
+# Integer and float fields of the state hash (everything else is kept as text).
+STATE_INTS = (
+    "version", "n_rl", "n_es", "steps", "interactions", "critic_version", "critic_steps",
+    "replay_held", "results_applied", "rejected", "failed", "replaced", "stale", "dispatched",
+    "rl_applied", "es_applied", "f_mu_version", "generation",
+)
+STATE_FLOATS = ("f_mu", "best_fitness", "started_at", "updated_at", "finished_at", "critic_loss",
+                "critic_steps_per_s", "last_p_rl", "last_p_es",
+                "critic_updated_at", "r_used")
+
+# Store one episode atomically: XADD it, count its steps, and drop whole old episodes once the
+# stream holds more than `capacity` transitions (an index list keeps "id len" per entry).
+_STORE_EPISODE = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+local n = tonumber(ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'steps', n)
+redis.call('HINCRBY', KEYS[2], 'interactions', n + tonumber(ARGV[3]))
+local held = redis.call('HINCRBY', KEYS[2], 'replay_held', n)
+redis.call('RPUSH', KEYS[3], id .. ' ' .. ARGV[2])
+local cap = tonumber(ARGV[1])
+while held > cap do
+  local head = redis.call('LPOP', KEYS[3])
+  if not head then break end
+  local sp = string.find(head, ' ')
+  redis.call('XDEL', KEYS[1], string.sub(head, 1, sp - 1))
+  held = redis.call('HINCRBY', KEYS[2], 'replay_held', -tonumber(string.sub(head, sp + 1)))
+end
+return id
+"""
+
+
+@dataclass
+class Result:
+    """One entry of the results stream, decoded and validated."""
+
+    id: str
+    job: str
+    kind: str  # "es", "rl", or "failed"
+    status: str  # "ok" or "failed"
+    version: int
+    seed: int
+    fitness: float
+    length: int
+    f_mu: float
+    f_mu_version: int
+    ind: str
+    worker: str
+    spec_hash: str
+    error: str
+    eval_steps: int
+    duration: float
+    train_time: float
+    rl_steps: int
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decode_result(entry_id: bytes | str, fields: dict) -> Result:
+    """Validate one results-stream entry. Non-finite numbers pass through: the caller rejects them."""
+    f = {_text(k): v for k, v in fields.items()}
+
+    def num(name: str, cast=float, default=None):
+        if name not in f:
+            if default is None:
+                raise CodecError(f"result {_text(entry_id)} has no field {name!r}")
+            return default
+        try:
+            return cast(_text(f[name]))
+        except ValueError:
+            raise CodecError(f"result {_text(entry_id)}: field {name!r} is not a number: {f[name]!r}") from None
+
+    status = _text(f.get("status", b"ok"))
+    kind = _text(f.get("kind", b""))
+    if status not in ("ok", "failed"):
+        raise CodecError(f"result {_text(entry_id)}: status {status!r} is not ok/failed")
+    if kind not in ("es", "rl"):
+        raise CodecError(f"result {_text(entry_id)}: kind {kind!r} is not es/rl")
+    if "job" not in f:
+        raise CodecError(f"result {_text(entry_id)} has no field 'job'")
+    return Result(
+        id=_text(entry_id),
+        job=_text(f["job"]),
+        kind=kind,
+        status=status,
+        version=num("version", int),
+        seed=num("seed", int),
+        fitness=num("fitness", float, math.nan),
+        length=num("len", int, 0),
+        f_mu=num("f_mu", float, math.nan),
+        f_mu_version=num("f_mu_version", int, -1),
+        ind=_text(f.get("ind", b"")),
+        worker=_text(f.get("worker", b"")),
+        spec_hash=_text(f.get("spec_hash", b"")),
+        error=_text(f.get("error", b"")),
+        eval_steps=num("eval_steps", int, 0),
+        duration=num("duration", float, 0.0),
+        train_time=num("train_time", float, 0.0),
+        rl_steps=num("rl_steps", int, 0),
+    )
+
+
+class Store:
+    """Named operations on the keys of one run."""
+
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
+        self.r = client
+        self.run_id = run_id
+        self.prefix = f"aesrl:{run_id}:"
+        self._config: RunConfig | None = None
+        self._store_episode = client.register_script(_STORE_EPISODE)
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    # -- config -------------------------------------------------------------------------------
+    def write_config(self, cfg: RunConfig) -> bool:
+        """Write the config once (SET NX). False when the run already has one."""
+        blob = codec.pack(cfg.to_dict())
+        pipe = self.r.pipeline()
+        pipe.set(self.key("config"), blob, nx=True)
+        pipe.zadd(RUNS_KEY, {cfg.run_id: cfg.created_at or time.time()}, nx=True)
+        pipe.hsetnx(self.key("state"), "status", "created")
+        created = pipe.execute()[0]
+        if created:
+            self._config = cfg
+        return bool(created)
+
+    def exists(self) -> bool:
+        return bool(self.r.exists(self.key("config")))
+
+    def config(self) -> RunConfig:
+        """The run's config (cached after the first read); CodecError if missing or malformed."""
+        if self._config is None:
+            blob = self.r.get(self.key("config"))
+            if blob is None:
+                raise CodecError(f"run {self.run_id!r} has no config on this Redis")
+            self._config = load_config_blob(blob)
+        return self._config
+
+    # -- state --------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        raw = self.r.hgetall(self.key("state"))
+        out: dict[str, Any] = {}
+        for k, v in raw.items():
+            name = _text(k)
+            text = _text(v)
+            try:
+                if name in STATE_INTS:
+                    out[name] = int(text)
+                elif name in STATE_FLOATS:
+                    out[name] = float(text)
+                else:
+                    out[name] = text
+            except ValueError:
+                log.warning("state field %s=%r is not a number; ignored", name, text)
+        for name in STATE_INTS:
+            out.setdefault(name, 0)
+        return out
+
+    def state_field(self, name: str, cast=int, default=0):
+        value = self.r.hget(self.key("state"), name)
+        return default if value is None else cast(_text(value))
+
+    def set_state(self, pipe=None, **fields: Any) -> None:
+        (pipe or self.r).hset(self.key("state"), mapping={k: _fmt(v) for k, v in fields.items()})
+
+    def incr(self, name: str, amount: int = 1, pipe=None) -> None:
+        (pipe or self.r).hincrby(self.key("state"), name, amount)
+
+    def set_status(self, status: str) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
+        self.set_state(status=status, updated_at=time.time())
+
+    def status(self) -> str:
+        value = self.r.hget(self.key("state"), "status")
+        return _text(value) if value is not None else "unknown"
+
+    # -- search distribution versions -------------------------------------------------------------
+    def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, pipe=None) -> None:
+        (pipe or self.r).hset(
+            self.key(f"dist:{version}"),
+            mapping={"mu": codec.encode_array(mu), "var": codec.encode_array(var), "version": version},
+        )
+
+    def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """μ and var of `version`; CodecError if the version is gone or its blobs are malformed."""
+        dim = self.config().actor_dim
+        mu, var = (client or self.r).hmget(self.key(f"dist:{version}"), ["mu", "var"])
+        if mu is None or var is None:
+            raise CodecError(f"distribution version {version} of run {self.run_id} is not in Redis (expired?)")
+        mu = codec.decode_array(mu, size=dim, what=f"dist:{version} mu")
+        var = codec.decode_array(var, size=dim, what=f"dist:{version} var")
+        if np.any(var <= 0):
+            raise CodecError(f"dist:{version} var holds non-positive values")
+        return mu, var
+
+    def current_version(self, client: redis.Redis | None = None) -> int:
+        value = (client or self.r).hget(self.key("state"), "version")
+        return int(_text(value)) if value is not None else 0
+
+    def expire_dists(self, versions: list[int], ttl: int = 30) -> None:
+        """Give superseded versions a short TTL (a job that just read one still finishes)."""
+        if not versions:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for v in versions:
+            pipe.expire(self.key(f"dist:{v}"), ttl)
+        pipe.execute()
+
+    # -- in-flight jobs ---------------------------------------------------------------------------
+    def add_inflight(self, job: str, info: dict[str, Any], pipe=None) -> None:
+        (pipe or self.r).hset(self.key("inflight"), job, codec.pack(info))
+
+    def inflight(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for k, v in self.r.hgetall(self.key("inflight")).items():
+            try:
+                out[_text(k)] = codec.unpack(v, what=f"inflight {_text(k)}")
+            except CodecError as exc:
+                log.warning("dropping malformed in-flight entry: %s", exc)
+                self.r.hdel(self.key("inflight"), k)
+        return out
+
+    def is_inflight(self, job: str, client: redis.Redis | None = None) -> bool:
+        return bool((client or self.r).hexists(self.key("inflight"), job))
+
+    def mark_started(self, job: str, worker: str, host: str, pid: int) -> None:
+        self.r.hset(self.key("started"), job, codec.pack({"worker": worker, "host": host, "pid": pid,
+                                                         "t": time.time()}))
+
+    def started(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for k, v in self.r.hgetall(self.key("started")).items():
+            try:
+                out[_text(k)] = codec.unpack(v, what="started entry")
+            except CodecError:
+                self.r.hdel(self.key("started"), k)
+        return out
+
+    def forget_jobs(self, jobs: list[str], pipe=None) -> None:
+        if jobs:
+            p = pipe or self.r
+            p.hdel(self.key("inflight"), *jobs)
+            p.hdel(self.key("started"), *jobs)
+
+    # -- replay ---------------------------------------------------------------------------------
+    def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0) -> str:
+        """Store one episode's transitions; counts `steps` and trims old episodes, atomically."""
+        cfg = self.config()
+        n = int(transitions["rew"].shape[0])
+        fields: list[Any] = ["len", n, "job", job]
+        for name in EPISODE_FIELDS:
+            arr = np.ascontiguousarray(transitions[name], dtype="<f4")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"episode field {name} holds non-finite values; not stored")
+            fields += [name, arr.tobytes()]
+        entry = self._store_episode(
+            keys=[self.key("replay"), self.key("state"), self.key("replay:index")],
+            args=[cfg.replay_capacity, n, extra_interactions, *fields],
+        )
+        return _text(entry)
+
+    def decode_episode(self, entry_id: Any, fields: dict, obs_only: bool = False) -> dict[str, np.ndarray]:
+        cfg = self.config()
+        f = {_text(k): v for k, v in fields.items()}
+        try:
+            n = int(_text(f["len"]))
+        except (KeyError, ValueError):
+            raise CodecError(f"replay entry {_text(entry_id)} has no valid 'len'") from None
+        sizes = {"obs": cfg.obs_dim, "next_obs": cfg.obs_dim, "act": cfg.act_dim, "rew": 1, "done": 1}
+        out = {}
+        for name in ("obs",) if obs_only else EPISODE_FIELDS:
+            arr = codec.decode_array(f.get(name), size=n * sizes[name], what=f"replay {_text(entry_id)} {name}")
+            out[name] = arr.reshape(n, sizes[name]) if sizes[name] > 1 or name in ("obs", "next_obs", "act") else arr
+        return out
+
+    def read_replay(self, after: str = "0-0", count: int = 200, block_ms: int | None = None,
+                    client: redis.Redis | None = None) -> list[tuple[str, dict]]:
+        """Entries after `after` (raw fields); blocks up to block_ms when given and nothing is new."""
+        c = client or self.r
+        if block_ms is None:
+            rows = c.xrange(self.key("replay"), min=f"({after}" if after != "0-0" else "-", count=count)
+            return [(_text(i), f) for i, f in rows]
+        resp = c.xread({self.key("replay"): after}, count=count, block=block_ms)
+        return [(_text(i), f) for _, entries in resp for i, f in entries] if resp else []
+
+    # -- results --------------------------------------------------------------------------------
+    def append_result(self, fields: dict[str, Any], extra_interactions: int = 0) -> str:
+        pipe = self.r.pipeline()
+        pipe.xadd(self.key("results"), {k: _fmt(v) for k, v in fields.items()},
+                  maxlen=self.config().history_max)
+        if extra_interactions:
+            pipe.hincrby(self.key("state"), "interactions", extra_interactions)
+        return _text(pipe.execute()[0])
+
+    def read_results(self, after: str, count: int = 100, block_ms: int | None = None,
+                     client: redis.Redis | None = None) -> list[tuple[str, dict]]:
+        c = client or self.r
+        if block_ms is None:
+            rows = c.xrange(self.key("results"), min=f"({after}" if after != "0-0" else "-", count=count)
+            return [(_text(i), f) for i, f in rows]
+        resp = c.xread({self.key("results"): after}, count=count, block=block_ms)
+        return [(_text(i), f) for _, entries in resp for i, f in entries] if resp else []
+
+    # -- individuals ------------------------------------------------------------------------------
+    def put_individual(self, job: str, params: np.ndarray, ttl: int) -> str:
+        key = self.key(f"ind:{job}")
+        self.r.set(key, codec.encode_array(params), ex=max(1, int(ttl)))
+        return key
+
+    def get_individual(self, key: str) -> np.ndarray:
+        if not key.startswith(self.prefix + "ind:"):
+            raise CodecError(f"individual key {key!r} is not an ind: key of run {self.run_id}")
+        return codec.decode_array(self.r.get(key), size=self.config().actor_dim, what=key)
+
+    # -- critic -----------------------------------------------------------------------------------
+    def publish_critic(self, version: int, weights: dict[str, np.ndarray], pipe=None) -> None:
+        (pipe or self.r).hset(self.key("critic"), mapping={"version": version, "weights": codec.pack(weights)})
+
+    def critic_version(self, client: redis.Redis | None = None) -> int:
+        value = (client or self.r).hget(self.key("critic"), "version")
+        return int(_text(value)) if value is not None else 0
+
+    def read_critic(self, client: redis.Redis | None = None) -> tuple[int, dict[str, np.ndarray]] | None:
+        version, blob = (client or self.r).hmget(self.key("critic"), ["version", "weights"])
+        if version is None or blob is None:
+            return None
+        weights = codec.unpack(blob, what="critic weights")
+        for k, v in weights.items():
+            codec.check_array(v, what=f"critic weight {k}")
+        return int(_text(version)), weights
+
+    def save_critic_ckpt(self, payload: dict[str, Any]) -> None:
+        self.r.set(self.key("critic:ckpt"), codec.pack(payload))
+
+    def load_critic_ckpt(self) -> dict[str, Any] | None:
+        blob = self.r.get(self.key("critic:ckpt"))
+        return None if blob is None else codec.unpack(blob, what="critic checkpoint")
+
+    # -- history and runs -------------------------------------------------------------------------
+    def history(self, count: int | None = None, after: str = "-") -> list[tuple[str, dict[str, Any]]]:
+        rows = self.r.xrange(self.key("history"), min=after, count=count)
+        out = []
+        for i, f in rows:
+            try:
+                out.append((_text(i), codec.unpack(f[b"d"], what="history entry")))
+            except (CodecError, KeyError):
+                continue
+        return out
+
+    def recent_history(self, count: int = 50) -> list[dict[str, Any]]:
+        rows = self.r.xrevrange(self.key("history"), count=count)
+        out = []
+        for _i, f in reversed(rows):
+            try:
+                out.append(codec.unpack(f[b"d"], what="history entry"))
+            except (CodecError, KeyError):
+                continue
+        return out
+
+    def delete(self) -> int:
+        """Remove every key of this run (and its entry in the runs index)."""
+        keys = list(self.r.scan_iter(match=self.prefix + "*", count=1000))
+        n = self.r.delete(*keys) if keys else 0
+        self.r.zrem(RUNS_KEY, self.run_id)
+        return n
+
+
+def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
+    return [(_text(k), float(s)) for k, s in client.zrange(RUNS_KEY, 0, -1, withscores=True)]
+
+
+def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
+    """Workers whose heartbeat key still exists, with their fields; prunes the dead from the set."""
+    names = [_text(n) for n in client.smembers(WORKERS_KEY)]
+    if not names:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        pipe.hgetall(WORKER_KEY.format(name=n))
+    out, dead = {}, []
+    for n, fields in zip(names, pipe.execute(), strict=True):
+        if fields:
+            out[n] = {_text(k): _text(v) for k, v in fields.items()}
+        else:
+            dead.append(n)
+    if dead:
+        client.srem(WORKERS_KEY, *dead)
+    return out
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value

@@ -1,0 +1,1 @@
+"""The `aesrl-queue` command line: run, scheduler, critic, worker, status, runs."""

@@ -1,0 +1,128 @@
+"""What `aesrl-queue status` shows: a run's numbers gathered from Redis into one dict, and as text."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import redis
+
+from aesrl_queue.codec import CodecError
+from aesrl_queue.store import Store, live_workers
+
+
+def gather(client: redis.Redis, run_id: str) -> dict[str, Any]:
+    """Every number `status` prints, read from the run's keys."""
+    store = Store(client, run_id)
+    cfg = store.config()
+    st = store.state()
+    hist = store.recent_history(200)
+    now = time.time()
+    out: dict[str, Any] = {
+        "run": run_id, "env": cfg.env_id, "algo": cfg.algo, "status": st.get("status", "?"),
+        "version": st["version"], "steps": st["steps"], "total_steps": cfg.total_steps,
+        "interactions": st["interactions"], "f_mu": st.get("f_mu", math.nan),
+        "best_fitness": st.get("best_fitness", math.nan), "results_applied": st["results_applied"],
+        "rl_applied": st["rl_applied"], "es_applied": st["es_applied"], "dispatched": st["dispatched"],
+        "failed": st["failed"], "rejected": st["rejected"], "replaced": st["replaced"], "stale": st["stale"],
+        "rl_target": cfg.rl_ratio if cfg.algo != "es" else 0.0,
+        "n_rl": st["n_rl"], "n_es": st["n_es"],
+        "critic_version": st["critic_version"], "critic_steps": st["critic_steps"],
+        "critic_steps_per_s": st.get("critic_steps_per_s", 0.0), "critic_loss": st.get("critic_loss", math.nan),
+        "inflight": client.hlen(store.key("inflight")),
+        "started_at": st.get("started_at", 0.0), "elapsed": now - st.get("started_at", now) if st.get("started_at") else 0.0,
+        "last_p_rl": st.get("last_p_rl", math.nan), "last_p_es": st.get("last_p_es", math.nan),
+    }
+    applied = st["rl_applied"] + st["es_applied"]
+    out["rl_share"] = st["rl_applied"] / applied if applied else 0.0
+    if hist:
+        last = hist[-1]
+        out.update(sigma_mean=last.get("sigma_mean"), sigma_min=last.get("sigma_min"), sigma_max=last.get("sigma_max"))
+        f_mus = [h["f_mu"] for h in hist if isinstance(h.get("f_mu"), float) and math.isfinite(h["f_mu"])]
+        out["f_mu_trend"] = (f_mus[-1] - f_mus[0]) if len(f_mus) >= 2 else 0.0
+        out["f_mu_series"] = f_mus[-60:]
+        t0, t1 = hist[0]["t"], hist[-1]["t"]
+        lens = sum(h.get("len", 0) for h in hist[1:])
+        out["steps_per_s"] = lens / (t1 - t0) if t1 > t0 else 0.0
+        out["last_p"] = {k: [round(h["p"], 3) for h in hist if h["kind"] == k][-5:] for k in ("es", "rl")}
+    else:
+        out.update(sigma_mean=None, sigma_min=None, sigma_max=None, f_mu_trend=0.0, f_mu_series=[],
+                   steps_per_s=0.0, last_p={"es": [], "rl": []})
+    workers = live_workers(client)
+    out["workers"] = [
+        {"name": n, "host": w.get("host", ""), "pid": w.get("pid", ""), "kind": w.get("kind", ""),
+         "run": w.get("run", ""), "jobs_done": int(w.get("jobs_done", 0) or 0),
+         "last_seen": round(now - float(w.get("last_seen", now) or now), 1)}
+        for n, w in sorted(workers.items())
+    ]
+    return out
+
+
+def _f(x: Any, fmt: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return format(x, fmt)
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    if len(values) < 2:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(SPARK[int((v - lo) / span * (len(SPARK) - 1))] for v in values)
+
+
+def render(s: dict[str, Any]) -> str:
+    """Plain-text status of one run."""
+    pct = 100.0 * s["steps"] / s["total_steps"] if s["total_steps"] else 0.0
+    lines = [
+        f"run {s['run']}  ({s['algo']} on {s['env']})  status: {s['status']}",
+        f"  f(μ) {_f(s['f_mu'])}  trend {_f(s['f_mu_trend'], '+.1f')}  best f(z) {_f(s['best_fitness'])}  "
+        f"{sparkline(s['f_mu_series'])}",
+        f"  σ mean {_f(s['sigma_mean'], '.4g')}  min {_f(s['sigma_min'], '.4g')}  max {_f(s['sigma_max'], '.4g')}"
+        f"  version {s['version']}",
+        f"  steps {s['steps']:,}/{s['total_steps']:,} ({pct:.1f}%)  interactions {s['interactions']:,}  "
+        f"steps/s {_f(s['steps_per_s'])}  elapsed {s['elapsed']:.0f}s",
+        f"  RL share {s['rl_share']:.2f} (target {s['rl_target']:.2f})  applied es {s['es_applied']} "
+        f"rl {s['rl_applied']}  last p es {s['last_p']['es']} rl {s['last_p']['rl']}",
+        f"  jobs in flight {s['inflight']}  failed {s['failed']}  rejected {s['rejected']}  "
+        f"replaced {s['replaced']}  stale {s['stale']}",
+        f"  critic version {s['critic_version']}  trained {s['critic_steps']:,} steps  "
+        f"{_f(s['critic_steps_per_s'])} steps/s  loss {_f(s['critic_loss'], '.4g')}",
+        f"  live workers {len(s['workers'])}",
+    ]
+    for w in s["workers"]:
+        lines.append(f"    {w['host']}:{w['pid']:<8} {w['kind'] or 'idle':5} jobs {w['jobs_done']:<6} "
+                     f"seen {w['last_seen']}s ago  {w['run']}")
+    return "\n".join(lines)
+
+
+def summary_numbers(client: redis.Redis, run_id: str) -> dict[str, Any]:
+    """The end-of-run summary: first and last f(μ), counts, rates."""
+    store = Store(client, run_id)
+    hist = store.history()
+    st = store.state()
+    f_mus = [h["f_mu"] for _, h in hist if isinstance(h.get("f_mu"), float) and math.isfinite(h["f_mu"])]
+    head = f_mus[: max(1, len(f_mus) // 10)]
+    tail = f_mus[-max(1, len(f_mus) // 10):]
+    elapsed = (st.get("finished_at") or st.get("updated_at") or time.time()) - st.get("started_at", time.time())
+    return {
+        "run": run_id, "status": st.get("status"), "steps": st["steps"], "interactions": st["interactions"],
+        "results_applied": st["results_applied"], "rl_applied": st["rl_applied"], "es_applied": st["es_applied"],
+        "failed": st["failed"], "rejected": st["rejected"], "replaced": st["replaced"],
+        "critic_version": st["critic_version"], "elapsed_s": round(elapsed, 1),
+        "f_mu_first": float(np.mean(head)) if head else None, "f_mu_last": float(np.mean(tail)) if tail else None,
+        "f_mu_final": st.get("f_mu"), "best_fitness": st.get("best_fitness"),
+    }
+
+
+def safe_gather(client: redis.Redis, run_id: str) -> dict[str, Any] | str:
+    try:
+        return gather(client, run_id)
+    except CodecError as exc:
+        return str(exc)

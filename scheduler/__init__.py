@@ -1,0 +1,1 @@
+"""Scheduler loops: the asynchronous AES-RL loop and the synchronous baselines' loops."""

@@ -1,0 +1,227 @@
+"""Steps that every scheduler loop shares: dispatching jobs onto RQ, reading results, lost-job checks.
+
+The asynchronous loop and the synchronous baselines differ only in when they ask and when they tell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from aesrl_queue import codec, noise
+from aesrl_queue.codec import CodecError
+from aesrl_queue.config import RunConfig
+from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_TTL, Result, Store, decode_result, live_workers
+
+log = logging.getLogger(__name__)
+
+JOB_FUNCTION = "workers.jobs.evaluate"  # by name only: the scheduler never imports worker code
+
+
+def job_seed(run_seed: int, n: int) -> int:
+    """The seed of the n-th job of a run: fixed by (run seed, n), so a restart re-derives it."""
+    digest = hashlib.sha256(f"{run_seed}:{n}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class Dispatcher:
+    """Enqueue evaluation jobs and track them until their results are applied or they are lost."""
+
+    def __init__(self, client: redis.Redis, store: Store, cfg: RunConfig) -> None:
+        self.r = client
+        self.store = store
+        self.cfg = cfg
+        self.queues = {
+            "rl": Queue(QUEUE_RL, connection=client, serializer=JSONSerializer),
+            "es": Queue(QUEUE_ES, connection=client, serializer=JSONSerializer),
+        }
+        self.inflight: dict[str, dict[str, Any]] = store.inflight()
+        self.durations: dict[str, deque] = {"es": deque(maxlen=50), "rl": deque(maxlen=50)}
+        self._workers_seen_at = 0.0
+        self._workers: dict[str, dict[str, str]] = {}
+        self._last_check = 0.0
+
+    # -- workers -------------------------------------------------------------------------------
+    def workers(self, max_age: float = 1.0) -> dict[str, dict[str, str]]:
+        now = time.monotonic()
+        if now - self._workers_seen_at > max_age:
+            self._workers = live_workers(self.r)
+            self._workers_seen_at = now
+        return self._workers
+
+    def target_inflight(self) -> int:
+        n = max(1, len(self.workers()))
+        return n * (1 + self.cfg.queued_per_worker)
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def enqueue(self, specs: list[dict[str, Any]], state_fields: dict[str, Any] | None = None,
+                incr: dict[str, int] | None = None) -> list[str]:
+        """Enqueue jobs described by specs (kind, version, seed, n, rl_steps, random, extra...).
+
+        The in-flight entries, counters and RQ jobs go in one MULTI/EXEC, so a crash never leaves
+        a job on a queue that the scheduler does not know of.
+        """
+        if not specs:
+            return []
+        cfg = self.cfg
+        pipe = self.r.pipeline(transaction=True)
+        now = time.time()
+        by_queue: dict[str, list] = {"rl": [], "es": []}
+        ids = []
+        for spec in specs:
+            job_id = f"{cfg.run_id}-j{spec['n']}"
+            ids.append(job_id)
+            info = {"kind": spec["kind"], "version": int(spec["version"]), "seed": int(spec["seed"]),
+                    "n": int(spec["n"]), "enqueued_at": now, "rl_steps": int(spec.get("rl_steps", 0)),
+                    "random": bool(spec.get("random", False))}
+            info.update(spec.get("extra", {}))
+            self.store.add_inflight(job_id, info, pipe=pipe)
+            self.inflight[job_id] = info
+            kwargs = {"run": cfg.run_id, "job": job_id, "kind": spec["kind"], "version": int(spec["version"]),
+                      "seed": int(spec["seed"]), "spec_hash": cfg.spec_hash,
+                      "rl_steps": int(spec.get("rl_steps", 0)), "random_actions": bool(spec.get("random", False))}
+            by_queue[spec["kind"]].append(Queue.prepare_data(
+                JOB_FUNCTION, kwargs=kwargs, timeout=cfg.job_timeout, result_ttl=cfg.result_ttl,
+                failure_ttl=cfg.failure_ttl, ttl=cfg.job_timeout * 4, job_id=job_id,
+                description=f"{cfg.run_id} {spec['kind']} #{spec['n']}",
+            ))
+        for kind, datas in by_queue.items():
+            if datas:
+                self.queues[kind].enqueue_many(datas, pipeline=pipe)
+        if state_fields:
+            self.store.set_state(pipe=pipe, **state_fields)
+        for name, amount in (incr or {}).items():
+            self.store.incr(name, amount, pipe=pipe)
+        pipe.execute()
+        return ids
+
+    # -- results ---------------------------------------------------------------------------------
+    def read(self, after: str, block_ms: int, blocking_client: redis.Redis) -> list[tuple[str, Result | None, str]]:
+        """(entry id, decoded result or None, error) for entries after `after`."""
+        out = []
+        for entry_id, fields in self.store.read_results(after, count=200, block_ms=block_ms, client=blocking_client):
+            try:
+                res = decode_result(entry_id, fields)
+                out.append((entry_id, res, ""))
+            except CodecError as exc:
+                out.append((entry_id, None, str(exc)))
+        return out
+
+    def individual(self, res: Result, dists: DistCache) -> np.ndarray:
+        """The evaluated parameters: rebuilt from (version, seed) for ES, downloaded for RL."""
+        if res.kind == "rl":
+            if not res.ind:
+                raise CodecError(f"RL result of {res.job} names no individual key")
+            return self.store.get_individual(res.ind)
+        mu, var = dists.get(res.version)
+        return noise.sample(mu, var, res.seed)
+
+    def note_duration(self, kind: str, seconds: float) -> None:
+        if math.isfinite(seconds) and seconds > 0:
+            self.durations[kind].append(seconds)
+
+    def deadline(self, kind: str) -> float:
+        if self.cfg.job_deadline > 0:
+            return self.cfg.job_deadline
+        d = self.durations[kind] or self.durations["es"]
+        if not d:
+            return float(self.cfg.job_timeout)
+        # Generous: a job is declared lost at 4x the slowest recent duration (at least a minute).
+        return min(float(self.cfg.job_timeout), max(60.0, 4.0 * max(d)))
+
+    # -- lost jobs -------------------------------------------------------------------------------
+    def find_lost(self, every: float = 1.0) -> list[tuple[str, str]]:
+        """In-flight jobs that will not report: dead worker, past deadline, failed or vanished in RQ."""
+        now_m = time.monotonic()
+        if now_m - self._last_check < every or not self.inflight:
+            return []
+        self._last_check = now_m
+        now = time.time()
+        started = self.store.started()
+        workers = self.workers(max_age=0.5)
+        lost: list[tuple[str, str]] = []
+        unstarted = []
+        for job, info in self.inflight.items():
+            st = started.get(job)
+            if st is not None:
+                age = now - float(st.get("t", now))
+                if st.get("worker") not in workers and age > WORKER_TTL:
+                    lost.append((job, f"worker {st.get('worker')} on {st.get('host')} stopped heartbeating"))
+                elif age > self.deadline(info.get("kind", "es")):
+                    lost.append((job, f"running for {age:.0f}s, past its deadline"))
+            elif now - float(info.get("enqueued_at", now)) > 10.0:
+                unstarted.append(job)
+        if unstarted:
+            pipe = self.r.pipeline(transaction=False)
+            for job in unstarted:
+                pipe.hget(f"rq:job:{job}", "status")
+            for job, status in zip(unstarted, pipe.execute(), strict=True):
+                status = status.decode() if isinstance(status, bytes) else status
+                info = self.inflight[job]
+                waited = now - float(info.get("enqueued_at", now))
+                if status is None:
+                    lost.append((job, "its RQ job vanished"))
+                elif status in ("failed", "stopped", "canceled"):
+                    lost.append((job, f"RQ marked it {status}"))
+                elif status in ("started", "finished") and waited > 10.0 + WORKER_TTL:
+                    # RQ started it but the job never registered with us: the worker died early.
+                    lost.append((job, f"RQ says {status} but the job never started here"))
+                elif waited > self.cfg.job_timeout * 4:
+                    lost.append((job, f"queued for {waited:.0f}s"))
+        return lost
+
+    def forget(self, jobs: list[str], pipe=None) -> None:
+        for job in jobs:
+            self.inflight.pop(job, None)
+        self.store.forget_jobs(jobs, pipe=pipe)
+        if pipe is None and jobs:
+            self.r.hdel(self.store.key("refs"), *jobs)
+        elif jobs:
+            pipe.hdel(self.store.key("refs"), *jobs)
+
+
+class DistCache:
+    """μ/var of recent versions, in memory, for rebuilding ES individuals from (version, seed)."""
+
+    def __init__(self, store: Store, keep: int = 16) -> None:
+        self.store = store
+        self.keep = keep
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def put(self, version: int, mu: np.ndarray, var: np.ndarray) -> None:
+        self._cache[version] = (mu, var)
+
+    def get(self, version: int) -> tuple[np.ndarray, np.ndarray]:
+        got = self._cache.get(version)
+        if got is None:
+            got = self.store.read_dist(version)
+            self._cache[version] = got
+        return got
+
+    def prune(self, current: int, referenced: set[int]) -> list[int]:
+        """Drop versions nobody refers to (keeping the newest `keep`); return those dropped."""
+        dropped = []
+        for v in sorted(self._cache):
+            if v == current or v in referenced or v > current - self.keep:
+                continue
+            del self._cache[v]
+            dropped.append(v)
+        return dropped
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def pack_dist_state(state: dict[str, Any]) -> bytes:
+    """The distribution's own state without μ/var (those live in dist:{version})."""
+    return codec.pack({k: v for k, v in state.items() if k not in ("mean", "var", "mu")})

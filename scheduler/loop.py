@@ -1,0 +1,323 @@
+"""The asynchronous AES-RL scheduler: owns μ/var and counters, tags each new job ES or RL with the
+P controller, and applies every result exactly once the moment it arrives (DESIGN.md §4).
+
+It keeps its state in Redis so that a restart with the same run id continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import signal
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import redis
+
+from aesrl_queue import codec
+from aesrl_queue.codec import CodecError
+from aesrl_queue.config import RunConfig
+from aesrl_queue.controller import RLController
+from aesrl_queue.distributions import make_distribution
+from aesrl_queue.nets import init_actor_params
+from aesrl_queue.store import Result, Store
+from scheduler.common import Dispatcher, DistCache, finite, job_seed, pack_dist_state
+
+log = logging.getLogger(__name__)
+
+ASYNC_ALGOS = ("aesrl", "es", "opo", "acemrl")
+
+
+def build_distribution(cfg: RunConfig, mu: np.ndarray):
+    """The search distribution an asynchronous algorithm uses, from the config."""
+    r = cfg.fitness_scale or 1.0
+    if cfg.algo in ("aesrl", "es"):
+        return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=r,
+                                 negative_ratio=cfg.negative_ratio, fixed_n=cfg.fixed_n,
+                                 var_init=cfg.var_init, var_floor=cfg.var_floor)
+    if cfg.algo == "opo":
+        return make_distribution("opo", mu, var_init=cfg.var_init, var_floor=cfg.var_floor)
+    if cfg.algo == "acemrl":
+        return make_distribution("acem", mu, var_init=cfg.var_init)
+    raise ValueError(f"algo {cfg.algo!r} has no asynchronous distribution; use one of {', '.join(ASYNC_ALGOS)}")
+
+
+def uses_rl(cfg: RunConfig) -> bool:
+    return cfg.algo != "es" and cfg.rl_ratio > 0
+
+
+class AsyncScheduler:
+    """One run's asynchronous loop. `run()` returns when the budget is reached or stop() is called."""
+
+    def __init__(self, client: redis.Redis, blocking_client: redis.Redis, cfg: RunConfig,
+                 stop_event: threading.Event | None = None, drain_timeout: float | None = None) -> None:
+        self.r = client
+        self.rb = blocking_client
+        self.cfg = cfg
+        self.store = Store(client, cfg.run_id)
+        self.stop_event = stop_event or threading.Event()
+        self.drain_timeout = drain_timeout
+        self.dists = DistCache(self.store)
+        self.rng = random.Random()
+        self._warned_no_critic = 0.0
+        self._fitness_seen: deque = deque(maxlen=1000)
+        self._critic_wait_since: float | None = None
+        self._kept: set[int] = set()  # superseded versions still in Redis because a job uses them
+
+    # -- set-up and restart ------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg, store = self.cfg, self.store
+        created = store.write_config(cfg)
+        if not created:
+            self.cfg = cfg = store.config()
+        state = store.state()
+        if state["version"] == 0 and not self.r.exists(store.key("dist:0")):
+            mu0 = init_actor_params(cfg.obs_dim, cfg.act_dim, cfg.max_action, tuple(cfg.hidden), cfg.activation,
+                                    seed=cfg.seed)
+            self.dist = build_distribution(cfg, mu0)
+            pipe = self.r.pipeline()
+            store.publish_dist(0, self.dist.mean, self.dist.var, pipe=pipe)
+            store.set_state(pipe=pipe, version=0, f_mu=math.nan, f_mu_version=-1, n_rl=1, n_es=1,
+                            best_fitness=-math.inf, last_result_id="0-0", started_at=time.time(),
+                            status="running", recent_lens=codec.pack([]).hex(), updated_at=time.time())
+            pipe.set(store.key("dist_state"), pack_dist_state(self.dist.state()))
+            pipe.execute()
+            log.info("run %s: created μ₀ (%d parameters) and var₀ = %g", cfg.run_id, cfg.actor_dim, cfg.var_init)
+        else:
+            self._restore(state)
+        self.dispatch = Dispatcher(self.r, store, cfg)
+        state = store.state()
+        self.version = state["version"]
+        self.last_id = state.get("last_result_id", "0-0") or "0-0"
+        self.f_mu = state.get("f_mu", math.nan)
+        self.f_mu_version = state.get("f_mu_version", -1)
+        self.best = state.get("best_fitness", -math.inf)
+        self.controller = RLController(target=cfg.rl_ratio if uses_rl(cfg) else 0.0, gain=cfg.rl_gain,
+                                       initial_steps=cfg.initial_steps)
+        self.controller.load_state({"n_rl": max(1, state.get("n_rl", 1)), "n_es": max(1, state.get("n_es", 1))})
+        try:
+            self.recent_lens = deque(codec.unpack(bytes.fromhex(state.get("recent_lens", "")), expect_map=False),
+                                     maxlen=cfg.rl_steps_window)
+        except (CodecError, ValueError):
+            self.recent_lens = deque(maxlen=cfg.rl_steps_window)
+        self.dists.put(self.version, self.dist.mean.copy(), self.dist.var.copy())
+        # Superseded versions left in Redis by an earlier incarnation are deleted once unreferenced.
+        for key in self.r.scan_iter(match=store.key("dist:*"), count=1000):
+            v = int(key.decode().rsplit(":", 1)[1])
+            if v != self.version:
+                self._kept.add(v)
+        store.set_status("running")
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        cfg, store = self.cfg, self.store
+        version = state["version"]
+        mu, var = store.read_dist(version)
+        self.dist = build_distribution(cfg, mu)
+        extra = codec.unpack(self.r.get(store.key("dist_state")), what="dist_state")
+        extra.update({"mean": mu, "var": var, "version": version})
+        self.dist.load_state(extra)
+        log.info("run %s: resumed at version %d, %d steps stored, %d results applied", cfg.run_id, version,
+                 state["steps"], state["results_applied"])
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> str:
+        self.setup()
+        cfg = self.cfg
+        drain_started = None
+        status = "running"
+        while True:
+            if self.stop_event.is_set():
+                self.store.set_status("stopped")
+                log.info("run %s: stopped on request; in-flight jobs stay registered for a restart", cfg.run_id)
+                return "stopped"
+            steps = self.store.state_field("steps")
+            if status == "running" and steps >= cfg.total_steps:
+                status = "draining"
+                drain_started = time.monotonic()
+                self.store.set_status("draining")
+                log.info("run %s: budget of %d steps reached; draining %d jobs", cfg.run_id, cfg.total_steps,
+                         len(self.dispatch.inflight))
+            if status == "running":
+                self._fill(steps)
+            elif not self.dispatch.inflight or (
+                time.monotonic() - drain_started > (self.drain_timeout or self.dispatch.deadline("rl"))
+            ):
+                left = list(self.dispatch.inflight)
+                self.dispatch.forget(left)
+                self.store.set_state(status="finished", finished_at=time.time(), updated_at=time.time())
+                log.info("run %s: finished (%d jobs abandoned at the end)", cfg.run_id, len(left))
+                return "finished"
+            for entry_id, res, err in self.dispatch.read(self.last_id, 500, self.rb):
+                self._apply(entry_id, res, err)
+            self._replace_lost()
+
+    def _fill(self, steps: int) -> None:
+        cfg = self.cfg
+        want = self.dispatch.target_inflight() - len(self.dispatch.inflight)
+        if want <= 0:
+            return
+        # Do not start jobs whose episodes would certainly overshoot the budget.
+        mean_len = (sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens else 1
+        if steps + len(self.dispatch.inflight) * mean_len >= cfg.total_steps:
+            return
+        critic_version = self.store.critic_version()
+        rl_ready = uses_rl(cfg) and critic_version > 0
+        if uses_rl(cfg) and not rl_ready and steps >= cfg.initial_steps:
+            # The random phase is over but no critic exists yet: hold new jobs for a while rather
+            # than spend the budget on ES alone (a critic daemon needs seconds to start and train).
+            now = time.monotonic()
+            if self._critic_wait_since is None:
+                self._critic_wait_since = now
+                log.info("run %s: initial phase over; waiting up to %.0fs for the first critic", cfg.run_id,
+                         cfg.critic_wait)
+            if now - self._critic_wait_since < cfg.critic_wait:
+                return
+        state_n = self.store.state_field("dispatched")
+        specs, incr = [], {"dispatched": 0, "n_rl": 0, "n_es": 0}
+        for i in range(want):
+            n = state_n + i + 1
+            seed = job_seed(cfg.seed, n)
+            u = random.Random(seed).random()
+            kind = "es"
+            if rl_ready:
+                before = (self.controller.n_rl, self.controller.n_es)
+                kind = self.controller.choose(steps, u)
+                incr["n_rl"] += self.controller.n_rl - before[0]
+                incr["n_es"] += self.controller.n_es - before[1]
+            else:
+                # No critic yet: ES only, and uncounted, so the controller does not start with a
+                # backlog of ES dispatches that it would then repay with a burst of RL jobs.
+                self._maybe_warn_no_critic(steps)
+            rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps) if kind == "rl" else 0
+            specs.append({"kind": kind, "version": self.version, "seed": seed, "n": n, "rl_steps": rl_steps,
+                          "random": uses_rl(cfg) and steps < cfg.initial_steps})
+            incr["dispatched"] += 1
+        self.dispatch.enqueue(specs, incr={k: v for k, v in incr.items() if v})
+
+    def _maybe_warn_no_critic(self, steps: int) -> None:
+        if uses_rl(self.cfg) and steps >= self.cfg.initial_steps:
+            now = time.monotonic()
+            if now - self._warned_no_critic > 60:
+                self._warned_no_critic = now
+                log.warning("run %s: %d steps stored but no critic published yet — is `aesrl-queue critic start "
+                            "--run %s` running? dispatching ES jobs meanwhile", self.cfg.run_id, steps,
+                            self.cfg.run_id)
+
+    # -- applying one result -----------------------------------------------------------------------
+    def _skip(self, entry_id: str, counter: str | None, job: str | None, why: str) -> None:
+        """Record that an entry was consumed without changing μ/var (still exactly once)."""
+        pipe = self.r.pipeline()
+        if counter:
+            self.store.incr(counter, 1, pipe=pipe)
+        if job:
+            self.dispatch.forget([job], pipe=pipe)
+        self.store.set_state(pipe=pipe, last_result_id=entry_id, updated_at=time.time())
+        pipe.execute()
+        self.last_id = entry_id
+        if why:
+            log.warning("run %s: %s", self.cfg.run_id, why)
+
+    def _apply(self, entry_id: str, res: Result | None, err: str) -> None:
+        cfg = self.cfg
+        if res is None:
+            return self._skip(entry_id, "rejected", None, f"malformed result {entry_id} rejected: {err}")
+        if res.job not in self.dispatch.inflight:
+            return self._skip(entry_id, "stale", None, f"result of {res.job} ({res.kind}) is not in flight "
+                              "(replaced or from an earlier run); dropped")
+        if not res.ok:
+            return self._skip(entry_id, "failed", res.job, f"job {res.job} failed on {res.worker}: "
+                              f"{res.error.splitlines()[0] if res.error else '?'}")
+        if res.spec_hash != cfg.spec_hash:
+            return self._skip(entry_id, "rejected", res.job, f"result of {res.job} has spec_hash {res.spec_hash}, "
+                              f"the run has {cfg.spec_hash}; rejected")
+        if not finite(res.fitness) or res.length <= 0:
+            return self._skip(entry_id, "rejected", res.job, f"result of {res.job} has fitness {res.fitness} "
+                              f"and length {res.length}; rejected")
+        try:
+            z = self.dispatch.individual(res, self.dists)
+        except CodecError as exc:
+            return self._skip(entry_id, "rejected", res.job, f"individual of {res.job} unusable: {exc}")
+        self.dispatch.note_duration(res.kind, res.duration)
+
+        if finite(res.f_mu) and res.f_mu_version >= self.f_mu_version:
+            self.f_mu, self.f_mu_version = res.f_mu, res.f_mu_version
+        f_mu = self.f_mu if finite(self.f_mu) else res.fitness
+        self._fitness_seen.append(res.fitness)
+        if cfg.r == "auto" and len(self._fitness_seen) >= 2:
+            self.dist.r = max(1e-6, float(np.std(self._fitness_seen)))
+        mean_before = self.dist.mean
+        info = self.dispatch.inflight.get(res.job, {})
+        version_before = self.dist.version
+        try:
+            p = float(self.dist.tell(z, res.fitness, f_mu))
+        except ValueError as exc:
+            return self._skip(entry_id, "rejected", res.job, f"tell rejected {res.job}: {exc}")
+        changed = self.dist.version != version_before
+        new_version = self.version + 1 if changed else self.version
+        self.recent_lens.append(res.length)
+        self.best = max(self.best, res.fitness)
+        sigma = np.sqrt(self.dist.var)
+
+        pipe = self.r.pipeline()
+        if changed:
+            self.store.publish_dist(new_version, self.dist.mean, self.dist.var, pipe=pipe)
+            pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state()))
+        fields = dict(version=new_version, f_mu=self.f_mu, f_mu_version=self.f_mu_version, best_fitness=self.best,
+                      last_result_id=entry_id, updated_at=time.time(),
+                      recent_lens=codec.pack(list(self.recent_lens)).hex(),
+                      last_p_rl=p if res.kind == "rl" else None, last_p_es=p if res.kind == "es" else None)
+        if cfg.r == "auto":
+            fields["r_used"] = getattr(self.dist, "r", 1.0)
+        self.store.set_state(pipe=pipe, **{k: v for k, v in fields.items() if v is not None})
+        self.store.incr("results_applied", 1, pipe=pipe)
+        self.store.incr(f"{res.kind}_applied", 1, pipe=pipe)
+        self.dispatch.forget([res.job], pipe=pipe)
+        steps_now, inter_now = self.r.hmget(self.store.key("state"), ["steps", "interactions"])
+        entry = {"job": res.job, "kind": res.kind, "steps": int(steps_now or 0), "interactions": int(inter_now or 0), "version": new_version, "p": p, "f_z": res.fitness,
+                 "f_mu": self.f_mu, "len": res.length, "t": time.time(), "worker": res.worker,
+                 "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()), "sigma_max": float(sigma.max()),
+                 "moved": float(np.linalg.norm(self.dist.mean - mean_before)), "duration": res.duration,
+                 "random": bool(info.get("random", False)), "rl_steps": res.rl_steps}
+        pipe.xadd(self.store.key("history"), {"d": codec.pack(entry)}, maxlen=cfg.history_max)
+        pipe.execute()
+        self.last_id = entry_id
+        if changed:
+            self.version = new_version
+            self.dists.put(new_version, self.dist.mean.copy(), self.dist.var.copy())
+            self._drop_unreferenced()
+
+    def _drop_unreferenced(self) -> None:
+        """Delete superseded dist:{v} keys that no running job uses (bounded Redis memory)."""
+        refs = {int(v) for v in self.r.hvals(self.store.key("refs")) if v is not None}
+        self.dists.prune(self.version, refs)
+        self._kept.add(self.version - 1)
+        gone = [v for v in self._kept if v not in refs and v != self.version]
+        if gone:
+            self.r.delete(*[self.store.key(f"dist:{v}") for v in gone])
+            self._kept.difference_update(gone)
+
+    def _replace_lost(self) -> None:
+        lost = self.dispatch.find_lost()
+        if not lost:
+            return
+        pipe = self.r.pipeline()
+        self.dispatch.forget([job for job, _ in lost], pipe=pipe)
+        self.store.incr("replaced", len(lost), pipe=pipe)
+        pipe.execute()
+        for job, why in lost:
+            log.warning("run %s: job %s lost (%s); its slot is refilled", self.cfg.run_id, job, why)
+
+
+def install_signal_handlers(stop_event: threading.Event) -> None:
+    """SIGINT/SIGTERM set the stop event (a second one raises KeyboardInterrupt)."""
+    def handler(signum, frame):
+        if stop_event.is_set():
+            raise KeyboardInterrupt
+        stop_event.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,198 @@
+"""The critic daemon: mirrors the replay stream onto its device, trains the TD3 twin critics with
+the current μ as target policy, and republishes the weights after every chunk (DESIGN.md §5).
+
+Restartable: it reloads `critic:ckpt` (critic, target and Adam state) and rebuilds its mirror.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from aesrl_queue import codec
+from aesrl_queue.codec import CodecError
+from aesrl_queue.nets import NetSpec, get_flat, set_flat
+from aesrl_queue.store import Store
+from aesrl_queue.td3 import ReplayBuffer, critic_update, hard_update
+
+log = logging.getLogger(__name__)
+
+DONE_STATUSES = ("finished", "failed")
+
+
+def to_numpy(obj: Any) -> Any:
+    """Tensors to numpy arrays, recursively (optimizer state → msgpack-able)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, dict):
+        return {k: to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_numpy(v) for v in obj]
+    return obj
+
+
+def to_tensors(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj)).to(device)
+    if isinstance(obj, dict):
+        return {k: to_tensors(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_tensors(v, device) for v in obj]
+    return obj
+
+
+def pick_device(requested: str | None) -> torch.device:
+    if requested in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(requested)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device here; use --device cpu")
+    return dev
+
+
+class CriticDaemon:
+    """Trains one run's critic until the run finishes or `stop_event` is set."""
+
+    def __init__(self, client: redis.Redis, blocking_client: redis.Redis, run_id: str, device: str | None = None,
+                 stop_event: threading.Event | None = None, checkpoint_every: float = 10.0) -> None:
+        self.r = client
+        self.rb = blocking_client
+        self.store = Store(client, run_id)
+        self.cfg = self.store.config()
+        self.device = pick_device(device)
+        self.stop_event = stop_event or threading.Event()
+        self.checkpoint_every = checkpoint_every
+        cfg = self.cfg
+        self.spec = NetSpec(obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action,
+                            hidden=tuple(cfg.hidden), activation=cfg.activation,
+                            critic_hidden=tuple(cfg.critic_hidden), critic_activation=cfg.critic_activation)
+        self.critic = self.spec.make_critic(self.device)
+        self.critic_target = self.spec.make_critic(self.device)
+        hard_update(self.critic_target, self.critic)
+        self.opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
+        self.target_actor = self.spec.make_actor(self.device)
+        self.target_version = -1
+        self.buffer = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
+        self.mirror_last = "0-0"
+        self.version = 0
+        self.trained = 0  # critic gradient steps so far
+        self.gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 7)
+        self._last_ckpt = 0.0
+        self.steps_per_s = 0.0
+
+    # -- restart -------------------------------------------------------------------------------
+    def restore(self) -> bool:
+        try:
+            ckpt = self.store.load_critic_ckpt()
+        except CodecError as exc:
+            log.warning("critic checkpoint unreadable (%s); starting a fresh critic", exc)
+            return False
+        if not ckpt:
+            self.version = self.store.critic_version()
+            return False
+        set_flat(self.critic, codec.check_array(ckpt["critic"], what="ckpt critic"))
+        set_flat(self.critic_target, codec.check_array(ckpt["critic_target"], what="ckpt critic_target"))
+        self.opt.load_state_dict(to_tensors(ckpt["opt"], self.device))
+        self.version = max(int(ckpt["version"]), self.store.critic_version())
+        self.trained = int(ckpt["trained"])
+        log.info("critic of run %s restored: version %d, %d steps trained", self.cfg.run_id, self.version,
+                 self.trained)
+        return True
+
+    def checkpoint(self) -> None:
+        self.store.save_critic_ckpt({
+            "critic": get_flat(self.critic), "critic_target": get_flat(self.critic_target),
+            "opt": to_numpy(self.opt.state_dict()), "version": self.version, "trained": self.trained,
+            "t": time.time(),
+        })
+        self._last_ckpt = time.monotonic()
+
+    # -- replay mirror ----------------------------------------------------------------------------
+    def sync(self, block_ms: int | None = None) -> int:
+        added = 0
+        while True:
+            rows = self.store.read_replay(self.mirror_last, count=200, block_ms=block_ms,
+                                          client=self.rb if block_ms else None)
+            block_ms = None  # block at most once per call
+            if not rows:
+                return added
+            for entry_id, fields in rows:
+                self.mirror_last = entry_id
+                try:
+                    ep = self.store.decode_episode(entry_id, fields)
+                except CodecError as exc:
+                    log.warning("skipping malformed replay entry: %s", exc)
+                    continue
+                self.buffer.add_batch(ep["obs"], ep["act"], ep["rew"], ep["next_obs"], ep["done"])
+                added += len(ep["rew"])
+
+    def refresh_target_policy(self) -> None:
+        """Use the current μ as TD3's target policy."""
+        version = self.store.current_version()
+        if version == self.target_version:
+            return
+        try:
+            mu, _ = self.store.read_dist(version)
+        except CodecError as exc:
+            log.warning("cannot read μ version %d for the target policy: %s", version, exc)
+            return
+        set_flat(self.target_actor, mu)
+        self.target_version = version
+
+    # -- training -------------------------------------------------------------------------------
+    def train_chunk(self, n: int) -> dict[str, float]:
+        cfg = self.cfg
+        losses = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            batch = self.buffer.sample(cfg.batch_size, generator=self.gen)
+            out = critic_update(self.critic, self.critic_target, self.opt, self.target_actor, batch,
+                                gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
+                                noise_clip=cfg.noise_clip, max_action=cfg.max_action)
+            losses.append(out["loss"])
+        dt = time.perf_counter() - t0
+        self.steps_per_s = n / dt if dt > 0 else 0.0
+        self.trained += n
+        return {"loss": float(np.mean(losses)), "q1_mean": float(out["q1_mean"]), "seconds": dt}
+
+    def publish(self, stats: dict[str, float]) -> None:
+        self.version += 1
+        pipe = self.r.pipeline()
+        self.store.publish_critic(self.version, {"critic": get_flat(self.critic),
+                                                 "critic_target": get_flat(self.critic_target)}, pipe=pipe)
+        self.store.set_state(pipe=pipe, critic_version=self.version, critic_steps=self.trained,
+                             critic_loss=stats["loss"], critic_updated_at=time.time(),
+                             critic_steps_per_s=round(self.steps_per_s, 1), critic_device=str(self.device))
+        pipe.execute()
+
+    def run(self) -> str:
+        cfg = self.cfg
+        self.restore()
+        self.sync()
+        log.info("critic daemon for run %s on %s: %d transitions mirrored", cfg.run_id, self.device, len(self.buffer))
+        while not self.stop_event.is_set():
+            status = self.store.status()
+            if status in DONE_STATUSES:
+                self.checkpoint()
+                log.info("run %s is %s; critic daemon exits at version %d", cfg.run_id, status, self.version)
+                return status
+            stored = self.store.state_field("steps")
+            chunk = min(cfg.critic_chunk, max(0, stored - self.trained))
+            # Never train ahead of the environment steps stored (one critic step per stored step).
+            if len(self.buffer) < cfg.batch_size or chunk < min(cfg.critic_chunk, 100):
+                self.sync(block_ms=1000)
+                continue
+            self.refresh_target_policy()
+            stats = self.train_chunk(chunk)
+            self.publish(stats)
+            if time.monotonic() - self._last_ckpt > self.checkpoint_every:
+                self.checkpoint()
+            self.sync()
+        self.checkpoint()
+        return "stopped"

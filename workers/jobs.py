@@ -1,0 +1,278 @@
+"""The RQ job functions of DESIGN.md §4: evaluate one ES or RL individual of a run and report.
+
+Jobs carry only small JSON arguments (run, job, kind, version, seed, spec_hash, rl_steps); the
+parameters come from Redis. Per-process state (environments, networks, replay mirror, critic)
+is kept between jobs, which is why these run on a SimpleWorker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import redis
+
+from aesrl_queue import codec, noise
+from aesrl_queue.codec import CodecError
+from aesrl_queue.store import Store
+
+log = logging.getLogger(__name__)
+
+# The only functions an AesrlWorker will run (see workers.worker.AllowlistJob).
+ALLOWED_FUNCTIONS = ("workers.jobs.evaluate", "workers.jobs.noop")
+
+# Set by AesrlWorker so results and heartbeats name the worker; plain callers get host:pid.
+WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
+
+# Atomically: check the job is still wanted, read the current μ/var, and record which version
+# this job uses, so the scheduler keeps that version until the result is in.
+_START_JOB = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return false end
+local v = redis.call('HGET', KEYS[1], 'version')
+if not v then return false end
+local d = redis.call('HMGET', ARGV[3] .. 'dist:' .. v, 'mu', 'var')
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[1], v)
+return {v, d[1], d[2]}
+"""
+# Read-only: the current version and its μ (for the evaluation of the mean).
+_READ_MU = """
+local v = redis.call('HGET', KEYS[1], 'version')
+if not v then return false end
+return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
+"""
+
+
+class JobRejected(RuntimeError):
+    """The job cannot be evaluated here (spec mismatch, missing data); reported as a failed result."""
+
+
+class _RunContext:
+    """What one worker process keeps for one run between jobs."""
+
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        from aesrl_queue.nets import NetSpec
+
+        self.store = Store(client, run)
+        self.cfg = self.store.config()
+        cfg = self.cfg
+        self.spec = NetSpec(
+            obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action, hidden=tuple(cfg.hidden),
+            activation=cfg.activation, critic_hidden=tuple(cfg.critic_hidden),
+            critic_activation=cfg.critic_activation,
+        )
+        self.actor = self.spec.make_numpy_actor()
+        self.start_job = client.register_script(_START_JOB)
+        self.read_mu = client.register_script(_READ_MU)
+        self.mirror = None  # obs-only replay mirror, built on the first RL job
+        self.mirror_last = "0-0"
+        self.critic = None
+        self.critic_version = -1
+        self.touched = time.monotonic()
+
+    # -- replay mirror ----------------------------------------------------------------------------
+    def sync_mirror(self, device: str = "cpu") -> int:
+        """Append the replay entries stored since the last job (incremental, obs only)."""
+        from aesrl_queue.td3 import ReplayBuffer
+
+        if self.mirror is None:
+            self.mirror = ReplayBuffer(self.cfg.obs_dim, self.cfg.act_dim, self.cfg.replay_capacity,
+                                       device=device, obs_only=True)
+        added = 0
+        while True:
+            rows = self.store.read_replay(self.mirror_last, count=500)
+            if not rows:
+                return added
+            for entry_id, fields in rows:
+                self.mirror_last = entry_id
+                try:
+                    ep = self.store.decode_episode(entry_id, fields, obs_only=True)
+                except CodecError as exc:
+                    log.warning("skipping a malformed replay entry: %s", exc)
+                    continue
+                self.mirror.add_batch(ep["obs"])
+                added += len(ep["obs"])
+
+    def load_critic(self, device: str):
+        version = self.store.critic_version()
+        if version <= 0:
+            raise JobRejected("no critic has been published yet; RL jobs need one")
+        if version != self.critic_version:
+            got = self.store.read_critic()
+            if got is None:
+                raise JobRejected("critic weights are missing")
+            version, weights = got
+            from aesrl_queue.nets import set_flat
+
+            critic = self.spec.make_critic().to(device)
+            set_flat(critic, codec.check_array(weights.get("critic"), what="critic weights"))
+            for p in critic.parameters():
+                p.requires_grad_(False)
+            self.critic, self.critic_version = critic, version
+        return self.critic
+
+
+_CONTEXTS: dict[tuple[int, str], _RunContext] = {}
+
+
+def _context(client: redis.Redis, run: str) -> _RunContext:
+    key = (id(client), run)
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        # Keep few runs' state per process: a shared pool of workers may serve several runs.
+        if len(_CONTEXTS) >= 4:
+            oldest = min(_CONTEXTS, key=lambda k: _CONTEXTS[k].touched)
+            del _CONTEXTS[oldest]
+        ctx = _CONTEXTS[key] = _RunContext(client, run)
+    ctx.touched = time.monotonic()
+    return ctx
+
+
+def _connection() -> redis.Redis:
+    from rq import get_current_job
+
+    job = get_current_job()
+    if job is not None:
+        return job.connection
+    from aesrl_queue.connection import connect
+
+    return connect()
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def noop(run: str = "", job: str = "") -> dict[str, Any]:
+    """A job that does nothing: the reference for queue-overhead benchmarks."""
+    return {"job": job}
+
+
+def evaluate(
+    run: str,
+    job: str,
+    kind: str,
+    version: int,
+    seed: int,
+    spec_hash: str,
+    rl_steps: int = 0,
+    random_actions: bool = False,
+) -> dict[str, Any]:
+    """Evaluate one individual of `run` and append its result to the run's results stream."""
+    client = _connection()
+    return run_job(client, run, job, kind, version, seed, spec_hash, rl_steps, random_actions)
+
+
+def run_job(
+    client: redis.Redis,
+    run: str,
+    job: str,
+    kind: str,
+    version: int,
+    seed: int,
+    spec_hash: str,
+    rl_steps: int = 0,
+    random_actions: bool = False,
+) -> dict[str, Any]:
+    t0 = time.monotonic()
+    base = {"job": job, "kind": kind, "version": int(version), "seed": int(seed), "worker": WORKER_NAME,
+            "spec_hash": spec_hash, "rl_steps": int(rl_steps)}
+    store = None
+    try:
+        if kind not in ("es", "rl"):
+            raise JobRejected(f"job kind {kind!r} is not es/rl")
+        ctx = _context(client, run)
+        store = ctx.store
+        if spec_hash != ctx.cfg.spec_hash:
+            raise JobRejected(
+                f"spec_hash {spec_hash} of the job does not match run {run}'s {ctx.cfg.spec_hash}: "
+                "the worker and the scheduler disagree on environment or network shape"
+            )
+        return _evaluate(ctx, base, kind, int(seed), int(rl_steps), bool(random_actions), t0)
+    except Exception as exc:
+        log.warning("job %s of run %s failed: %s", job, run, exc)
+        if store is None:
+            try:
+                store = Store(client, run)
+                store.config()
+            except Exception:  # the run itself is unreadable: nothing to report to
+                raise exc from None
+        fields = dict(base, status="failed", error=f"{type(exc).__name__}: {exc}"[:2000],
+                      duration=time.monotonic() - t0)
+        if not isinstance(exc, JobRejected | CodecError | ValueError):
+            fields["error"] += "\n" + traceback.format_exc(limit=5)[-1500:]
+        store.append_result(fields)
+        raise
+
+
+def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int, random_actions: bool,
+              t0: float) -> dict[str, Any]:
+    from aesrl_queue.rollout import run_episodes
+
+    cfg, store = ctx.cfg, ctx.store
+    info = codec.pack({"worker": WORKER_NAME, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
+    started = ctx.start_job(
+        keys=[store.key("state"), store.key("inflight"), store.key("started"), store.key("refs")],
+        args=[base["job"], info, store.prefix],
+    )
+    if not started:
+        log.info("job %s is no longer in flight (replaced or run over); skipped", base["job"])
+        return {"job": base["job"], "skipped": True}
+    version = int(started[0])
+    mu = codec.decode_array(started[1], size=cfg.actor_dim, what=f"dist:{version} mu")
+    var = codec.decode_array(started[2], size=cfg.actor_dim, what=f"dist:{version} var")
+    base["version"] = version
+    z = noise.sample(mu, var, seed)
+
+    train_time = 0.0
+    ind_key = ""
+    if kind == "rl":
+        t_train = time.monotonic()
+        import torch
+
+        from aesrl_queue.td3 import train_actor
+
+        device = _device()
+        critic = ctx.load_critic(device)
+        ctx.sync_mirror(device)
+        if ctx.mirror is None or len(ctx.mirror) < cfg.batch_size:
+            raise JobRejected(f"replay holds {0 if ctx.mirror is None else len(ctx.mirror)} states, "
+                              f"fewer than a batch of {cfg.batch_size}")
+        gen = torch.Generator().manual_seed(seed % (2**63))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed % (2**31))
+            z = train_actor(z, ctx.spec, critic, lambda n: ctx.mirror.sample(n, generator=gen)["obs"],
+                            steps=max(1, rl_steps), batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device)
+        if not np.all(np.isfinite(z)):
+            raise JobRejected("RL training produced non-finite parameters")
+        ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
+        train_time = time.monotonic() - t_train
+
+    ctx.actor.set_params(z)
+    ep = run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=seed % (2**31),
+                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs)
+    fitness, length = float(ep.returns[0]), int(ep.lengths[0])
+    store.append_episode(ep.transitions, base["job"])
+
+    # The mean as it is now (other workers may have moved it since this job started).
+    f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
+    got = ctx.read_mu(keys=[store.key("state")], args=[store.prefix])
+    if got and got[1] is not None:
+        f_mu_version = int(got[0])
+        ctx.actor.set_params(codec.decode_array(got[1], size=cfg.actor_dim, what="current mu"))
+        ev = run_episodes(cfg.env_id, ctx.actor, k=cfg.mean_eval_episodes, seed=(seed + 1) % (2**31),
+                          store=False, env_kwargs=cfg.env_kwargs)
+        f_mu = float(np.mean(ev.returns))
+        eval_steps = int(sum(ev.lengths))
+
+    fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
+                  ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time)
+    store.append_result(fields, extra_interactions=eval_steps)
+    return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu}

@@ -1,0 +1,132 @@
+"""`AesrlWorker`: the RQ worker class that users start with `rq worker -w workers.AesrlWorker`.
+
+A SimpleWorker (no fork per job: torch state, environments and the replay mirror persist; CUDA
+works) that only deserializes JSON, only runs functions from `workers.jobs`, uses one torch
+thread, and heartbeats every couple of seconds so the scheduler sees a dead worker at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.worker import SimpleWorker
+
+from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_KEY, WORKER_TTL, WORKERS_KEY
+from workers import jobs
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_EVERY = 2.0  # seconds; the key lives WORKER_TTL seconds
+
+
+class AllowlistJob(Job):
+    """A Job that refuses to call anything but the functions of `workers.jobs`.
+
+    JSON removes pickle's code execution, but RQ would still import and call any dotted name a
+    Redis writer stores in a job; this closes that door (and callbacks, which resolve the same way).
+    """
+
+    @property
+    def func(self):
+        if self.instance is not None or self.func_name not in jobs.ALLOWED_FUNCTIONS:
+            raise PermissionError(
+                f"refusing to run {self.func_name!r}: an AesrlWorker only runs {', '.join(jobs.ALLOWED_FUNCTIONS)}"
+            )
+        for name in ("_success_callback_name", "_failure_callback_name", "_stopped_callback_name"):
+            if getattr(self, name, None):
+                raise PermissionError(f"refusing job {self.id}: callbacks are not allowed ({name})")
+        return super().func
+
+
+def _limit_threads() -> None:
+    n = int(os.environ.get("AESRL_TORCH_THREADS", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    os.environ.setdefault("MKL_NUM_THREADS", str(n))
+    import torch
+
+    torch.set_num_threads(n)
+
+
+class AesrlWorker(SimpleWorker):
+    """SimpleWorker + JSON + allowlist + one torch thread + a fast heartbeat."""
+
+    def __init__(self, queues=None, *args, **kwargs):
+        kwargs["serializer"] = JSONSerializer
+        kwargs["job_class"] = AllowlistJob
+        if not queues:
+            queues = [QUEUE_RL, QUEUE_ES]
+        super().__init__(queues, *args, **kwargs)
+        _limit_threads()
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+        self._current: dict[str, str] = {}
+        self._jobs_done = 0
+        self._started_at = time.time()
+        jobs.WORKER_NAME = self.name
+
+    # -- heartbeat ------------------------------------------------------------------------------
+    def _beat(self) -> None:
+        key = WORKER_KEY.format(name=self.name)
+        fields = {
+            "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+            "queues": ",".join(q.name for q in self.queues), "jobs_done": self._jobs_done,
+            "started_at": self._started_at, "last_seen": time.time(),
+            "job": self._current.get("job", ""), "kind": self._current.get("kind", ""),
+            "run": self._current.get("run", ""),
+        }
+        pipe = self.connection.pipeline()
+        pipe.delete(key)
+        pipe.hset(key, mapping=fields)
+        pipe.expire(key, WORKER_TTL)
+        pipe.sadd(WORKERS_KEY, self.name)
+        pipe.execute()
+
+    def _heartbeat_loop(self) -> None:
+        failures = 0
+        while not self._hb_stop.wait(HEARTBEAT_EVERY):
+            try:
+                self._beat()
+                if failures:
+                    log.info("heartbeat to Redis restored after %d failed attempts", failures)
+                failures = 0
+            except Exception as exc:  # Redis down for a moment: keep trying, say so once
+                failures += 1
+                if failures == 1:
+                    log.warning("heartbeat failed (%s); retrying every %.0fs", exc, HEARTBEAT_EVERY)
+
+    def work(self, *args, **kwargs):
+        try:
+            self._beat()
+        except Exception as exc:
+            log.warning("first heartbeat failed: %s", exc)
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="aesrl-heartbeat", daemon=True)
+        self._hb_thread.start()
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            self._hb_stop.set()
+            try:
+                self.connection.delete(WORKER_KEY.format(name=self.name))
+                self.connection.srem(WORKERS_KEY, self.name)
+            except Exception:  # Redis gone at shutdown: the key expires on its own
+                pass
+
+    def perform_job(self, job, queue, execution) -> bool:
+        kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
+        self._current = {"job": str(kwargs.get("job", job.id)), "kind": str(kwargs.get("kind", "")),
+                         "run": str(kwargs.get("run", ""))}
+        try:
+            self._beat()
+        except Exception:
+            pass
+        try:
+            return super().perform_job(job, queue, execution)
+        finally:
+            self._jobs_done += 1
+            self._current = {}
