@@ -1,0 +1,124 @@
+"""Shared fixtures: a private redis-server per test module on a free port, and real child processes.
+
+No mocks of Redis or RQ: integration tests talk to a real server and real `rq worker` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aesrl_queue.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    # Two torch threads beside another busy process run 5-10x slower on a 2-core machine.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
+
+@pytest.fixture()
+def redis_server(tmp_path):
+    server = RedisServer(directory=tmp_path / "redis").start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture()
+def redis_url(redis_server):
+    return redis_server.url
+
+
+@pytest.fixture()
+def client(redis_url):
+    from aesrl_queue.connection import connect
+
+    c = connect(redis_url)
+    yield c
+    c.close()
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("AESRL_REDIS_URL", None)
+    return env
+
+
+class Procs:
+    """Child processes of one test, each logging to a file; all are killed at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
+                             start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def cli(self, name: str, *args: str) -> subprocess.Popen:
+        return self.start(name, [sys.executable, "-m", "cli.main", *args])
+
+    def rq_worker(self, name: str, url: str, *extra: str) -> subprocess.Popen:
+        return self.start(name, [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u", url,
+                                 *extra, "aesrl-rl", "aesrl-es"])
+
+    def log(self, name: str) -> str:
+        try:
+            return (self.log_dir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {n}\n{self.log(n)[-3000:]}" for n in self.procs)
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs.values():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture()
+def procs(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    p = Procs(d)
+    yield p
+    p.stop_all()
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition", on_fail=None):
+    """Poll `predicate` until it returns a truthy value; fail the test with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    extra = on_fail() if on_fail else ""
+    pytest.fail(f"timed out after {timeout}s waiting for {what}\n{extra}")
