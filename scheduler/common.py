@@ -132,11 +132,12 @@ class Dispatcher:
     def deadline(self, kind: str) -> float:
         if self.cfg.job_deadline > 0:
             return self.cfg.job_deadline
-        d = self.durations[kind] or self.durations["es"]
+        d = self.durations[kind]
         if not d:
+            # Nothing seen of this kind yet (an RL job can take minutes where ES takes a second).
             return float(self.cfg.job_timeout)
-        # Generous: a job is declared lost at 4x the slowest recent duration (at least a minute).
-        return min(float(self.cfg.job_timeout), max(60.0, 4.0 * max(d)))
+        # Generous: a dead worker is caught by its heartbeat; the deadline catches a hung job.
+        return min(float(self.cfg.job_timeout), max(120.0, 4.0 * max(d)))
 
     # -- lost jobs -------------------------------------------------------------------------------
     def find_lost(self, every: float = 1.0) -> list[tuple[str, str]]:
