@@ -24,7 +24,7 @@ class CodecError(ValueError):
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj)
+        arr = np.ascontiguousarray(obj).reshape(obj.shape)  # ascontiguousarray makes 0-d arrays 1-d
         dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
         arr = arr.astype(dt, copy=False)
         if dt.str not in ALLOWED_DTYPES:
@@ -52,7 +52,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
     expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     if expected > MAX_ARRAY_BYTES:
         raise CodecError(f"array of shape {shape} is larger than the {MAX_ARRAY_BYTES} byte limit")
-    if not isinstance(raw, bytes | bytearray) or len(raw) != expected:
+    if not isinstance(raw, bytes | bytearray):
+        raise CodecError(f"array data should be bytes, got {type(raw).__name__}")
+    if len(raw) != expected:
         raise CodecError(f"array of dtype {dtype} and shape {shape} needs {expected} bytes, got {len(raw)}")
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()  # writable, owns its memory
 
@@ -63,8 +65,12 @@ def pack(obj: Mapping[str, Any] | Any) -> bytes:
 
 
 def looks_pickled(blob: bytes) -> bool:
-    """True for the opening bytes of a pickle (protocol 2+), which msgpack would misread."""
-    return len(blob) >= 2 and blob[0] == 0x80 and 2 <= blob[1] <= 5
+    """True for a pickle (protocol 2+): PROTO opcode and version first, STOP opcode last.
+
+    The STOP check matters for raw float blobs: about 1 in 16 000 float32 arrays start with the
+    bytes 0x80 0x02..0x05 (e.g. 0.50003815), and such a valid μ must not be called a pickle.
+    """
+    return len(blob) >= 3 and blob[0] == 0x80 and 2 <= blob[1] <= 5 and blob[-1] == 0x2E
 
 
 def unpack(blob: bytes | None, *, what: str = "value", expect_map: bool = True) -> Any:

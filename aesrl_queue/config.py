@@ -25,6 +25,8 @@ MEAN_RULES = ("fixed-linear", "fixed-sigmoid", "baseline-absolute", "baseline-re
 VAR_RULES = ("fixed", "adaptive")
 ACTIVATIONS = ("tanh", "relu", "leaky_relu")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Names whose key prefix aesrl:{name}: would overlap the global keys of store.py (aesrl:worker:*, ...).
+RESERVED_RUN_IDS = ("runs", "workers", "worker")
 
 
 class ConfigError(ValueError):
@@ -117,7 +119,10 @@ class RunConfig:
         for name in ("hidden", "critic_hidden"):
             val = getattr(cfg, name)
             if isinstance(val, str):
-                val = [int(x) for x in val.replace("x", ",").split(",") if x.strip()]
+                try:
+                    val = [int(x) for x in val.replace("x", ",").split(",") if x.strip()]
+                except ValueError:
+                    raise ConfigError(name, f"expected layer sizes such as '400,300', got {val!r}") from None
             setattr(cfg, name, tuple(val) if isinstance(val, list | tuple) else val)
         return cfg
 
@@ -125,11 +130,17 @@ class RunConfig:
     def from_file(cls, path: str | Path, **overrides: Any) -> RunConfig:
         """Load a TOML or JSON file (a flat table of fields); `env_id` selects the preset."""
         path = Path(path)
-        text = path.read_text()
+        kind = "TOML" if path.suffix == ".toml" else "JSON"
         try:
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("file", f"cannot read {path}: {exc}") from None
+        try:
+            data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError("file", f"{path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+            raise ConfigError("file", f"{path} is not valid {kind}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("file", f"{path} must hold a table of fields, not a {type(data).__name__}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         env_id = data.pop("env_id", None)
         if env_id is None:
@@ -152,6 +163,8 @@ class RunConfig:
                  f"must be a positive number or 'auto', got {self.r!r}")
         if self.run_id:
             need(bool(RUN_ID_RE.match(self.run_id)), "run_id", "use 1-64 letters, digits, '_' or '-'")
+            need(self.run_id not in RESERVED_RUN_IDS, "run_id",
+                 f"{self.run_id!r} is reserved (its keys would mix with aesrl:{self.run_id}*)")
         for name in ("total_steps", "batch_size", "rl_steps_window", "rl_steps_max", "critic_chunk",
                      "replay_capacity", "mean_eval_episodes", "population", "job_timeout", "result_ttl",
                      "failure_ttl", "history_max"):
@@ -184,16 +197,19 @@ class RunConfig:
     def resolve(self) -> RunConfig:
         """Validate, read the dimensions off the environment, and fill run_id and created_at."""
         self.validate()
-        from aesrl_queue.nets import actor_param_count  # torch-free, but keep config import light
-        from aesrl_queue.rollout import env_dims
+        from aesrl_queue.rollout import env_dims  # torch-free: validation stays fast
 
         try:
             obs_dim, act_dim, max_action, max_steps = env_dims(self.env_id, **self.env_kwargs)
-        except ValueError as exc:
+        except (ValueError, ImportError) as exc:  # unknown id; "module:Env-v0" whose module is missing
             raise ConfigError("env_id", str(exc)) from None
+        except TypeError as exc:  # the environment does not take these keyword arguments
+            raise ConfigError("env_kwargs", f"{self.env_id}: {exc}") from None
         self.obs_dim, self.act_dim, self.max_action = int(obs_dim), int(act_dim), float(max_action)
         self.max_episode_steps = int(max_steps)
-        self.actor_dim = int(actor_param_count(self.obs_dim, self.act_dim, self.hidden))
+        sizes = (self.obs_dim, *self.hidden, self.act_dim)
+        # Weights and biases of each layer (equals nets.actor_param_count, without importing torch).
+        self.actor_dim = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         if not self.run_id:
             self.run_id = new_run_id(self.env_id, self.algo)
         if not self.created_at:

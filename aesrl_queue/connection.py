@@ -25,9 +25,38 @@ class RedisUnavailable(RuntimeError):
     """Redis could not be reached; the message says where and what to do."""
 
 
+class _Refused(Exception):
+    """Carries an AuthenticationError through Retry without a retry (not in its supported errors)."""
+
+    def __init__(self, error: redis.AuthenticationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Retry(Retry):
+    """Retry with backoff, except when Redis refuses the credentials: asking again cannot help.
+
+    redis-py's AuthenticationError is a ConnectionError, so a plain Retry on ConnectionError
+    repeats a refused login (nested in the connect and command retries: ~90 s before the error).
+    """
+
+    def call_with_retry(self, do, fail, *args, **kwargs):
+        def attempt():
+            try:
+                return do()
+            except redis.AuthenticationError as exc:
+                raise _Refused(exc) from exc
+
+        try:
+            return super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.error from None
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced by ***, for log lines and error messages."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    # The user info ends at the last '@' before the path (redis-py reads a raw '@' in a password so).
+    return re.sub(r"(://[^:/@]*:)[^/?#]*@", r"\1***@", url)
 
 
 def resolve_url(url: str | None) -> str:
@@ -53,7 +82,7 @@ def connect(
         socket_timeout=None if blocking else 30.0,
         socket_keepalive=True,
         health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
+        retry=_Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
         retry_on_error=list(RETRY_ON),
     )
     options.update(kwargs)

@@ -1,0 +1,294 @@
+"""RunConfig: the presets of DESIGN.md §5, validation that names the field, files, resolve() and spec_hash."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from aesrl_queue import nets
+from aesrl_queue.codec import CodecError, pack, unpack
+from aesrl_queue.config import ConfigError, RunConfig, load_config_blob, preset_for
+
+DEFAULTS = RunConfig()
+
+# DESIGN.md §5: r per environment; Humanoid also hidden 256-256 and lr 3e-4; Swimmer rl_ratio 0.1.
+PAPER_PRESETS = {
+    "HalfCheetah": {"r": 2000.0},
+    "Hopper": {"r": 600.0},
+    "Walker2d": {"r": 800.0},
+    "Ant": {"r": 960.0},
+    "Humanoid": {"r": 960.0, "hidden": (256, 256), "actor_lr": 3e-4},
+    "Swimmer": {"r": 48.0, "rl_ratio": 0.1},
+}
+
+
+# -- presets ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", ["v4", "v5"])
+@pytest.mark.parametrize("stem", list(PAPER_PRESETS))
+def test_paper_presets(stem: str, version: str) -> None:
+    env_id = f"{stem}-{version}"
+    expected = PAPER_PRESETS[stem]
+    preset = preset_for(env_id)
+    for name, value in expected.items():
+        assert preset[name] == value, (env_id, name)
+    cfg = RunConfig.from_preset(env_id)
+    assert cfg.env_id == env_id
+    for name, value in expected.items():
+        assert getattr(cfg, name) == value, (env_id, name)
+    # What the preset does not name keeps the paper's defaults.
+    if stem != "Humanoid":
+        assert cfg.hidden == (400, 300) and cfg.actor_lr == 1e-3
+    if stem != "Swimmer":
+        assert cfg.rl_ratio == 0.5
+    assert cfg.mean_rule == "baseline-relative" and cfg.var_rule == "adaptive" and cfg.var_init == 1e-3
+    cfg.validate()
+
+
+def test_humanoid_uses_small_networks_and_lr_for_both_actor_and_critic() -> None:
+    cfg = RunConfig.from_preset("Humanoid-v5")
+    assert cfg.hidden == (256, 256) and cfg.critic_hidden == (256, 256)
+    assert cfg.actor_lr == 3e-4 and cfg.critic_lr == 3e-4
+
+
+def test_unknown_env_gets_auto_fitness_scale() -> None:
+    assert preset_for("CartPoleContinuous-v9") == {"r": "auto"}
+    assert preset_for("HumanoidStandup-v5") == {"r": "auto"}  # not Humanoid's preset
+    cfg = RunConfig.from_preset("MyEnv-v0")
+    assert cfg.r == "auto" and cfg.fitness_scale is None
+    cfg.validate()
+    assert RunConfig.from_preset("Hopper-v5").fitness_scale == 600.0
+
+
+def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
+    cfg = RunConfig.from_preset("Swimmer-v5", rl_ratio=0.3, r=None, hidden="64x64")
+    assert cfg.rl_ratio == 0.3 and cfg.r == 48.0 and cfg.hidden == (64, 64)
+
+
+# -- validation --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("algo", "ppo"),
+        ("mean_rule", "one-plus-two"),
+        ("var_rule", "cma"),
+        ("r", 0.0),
+        ("r", -5.0),
+        ("r", math.nan),
+        ("r", math.inf),
+        ("r", "big"),
+        ("total_steps", -1),
+        ("total_steps", 0),
+        ("batch_size", 2.5),
+        ("initial_steps", -10),
+        ("rl_ratio", 1.5),
+        ("rl_ratio", math.nan),
+        ("gamma", -0.1),
+        ("var_init", 0.0),
+        ("actor_lr", math.inf),
+        ("hidden", (400, 0)),
+        ("hidden", ()),
+        ("critic_hidden", (-1,)),
+        ("population", 7),
+        ("population", 0),
+        ("activation", "gelu"),
+        ("policy_noise", -0.2),
+        ("run_id", "has space"),
+        ("run_id", "a:b"),
+        ("run_id", "x" * 65),
+        ("run_id", "worker"),  # its keys would be aesrl:worker:*, the workers' heartbeat keys
+        ("env_kwargs", [1, 2]),
+        ("env_id", ""),
+    ],
+)
+def test_validation_names_the_bad_field(field: str, value) -> None:
+    cfg = dataclasses.replace(RunConfig.from_preset("Hopper-v5"), **{field: value})
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}:")
+    assert isinstance(err.value, ValueError)
+
+
+def test_var_floor_above_var_init_is_rejected() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_preset("Hopper-v5", var_init=1e-6, var_floor=1e-5).validate()
+    assert err.value.field == "var_floor"
+
+
+def test_valid_edge_values_pass() -> None:
+    RunConfig.from_preset("Hopper-v5", rl_ratio=0.0, r="auto", run_id="run_1-A", population=2,
+                          initial_steps=0, hidden=(1,)).validate()
+    RunConfig.from_preset("Hopper-v5", rl_ratio=1.0).validate()
+
+
+def test_from_dict_rejects_unknown_fields_and_bad_layer_strings() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({"env_id": "Hopper-v5", "learning_rate": 0.1})
+    assert err.value.field == "learning_rate"
+    assert "known fields" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({"hidden": "400,three"})
+    assert err.value.field == "hidden"
+
+
+def test_from_dict_parses_layer_lists_and_strings() -> None:
+    cfg = RunConfig.from_dict({"hidden": [32, 16], "critic_hidden": "64x64"})
+    assert cfg.hidden == (32, 16) and cfg.critic_hidden == (64, 64)
+    cfg = RunConfig.from_dict({"hidden": "400, 300"})
+    assert cfg.hidden == (400, 300)
+
+
+# -- files -------------------------------------------------------------------------------------------
+def test_from_file_loads_toml(tmp_path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('env_id = "Swimmer-v5"\nhidden = [64, 64]\ntotal_steps = 5000\n'
+                    'env_kwargs = { ctrl_cost_weight = 0.001 }\n')
+    cfg = RunConfig.from_file(path)
+    assert cfg.env_id == "Swimmer-v5"
+    assert cfg.hidden == (64, 64) and cfg.total_steps == 5000
+    assert cfg.r == 48.0 and cfg.rl_ratio == 0.1  # the preset still applies under the file
+    assert cfg.env_kwargs == {"ctrl_cost_weight": 0.001}
+    cfg.validate()
+
+
+def test_from_file_loads_json_and_overrides_win(tmp_path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"env_id": "Hopper-v5", "rl_ratio": 0.25, "seed": 3}))
+    cfg = RunConfig.from_file(path, seed=9, env_id=None)
+    assert cfg.env_id == "Hopper-v5" and cfg.r == 600.0 and cfg.rl_ratio == 0.25 and cfg.seed == 9
+    cfg = RunConfig.from_file(path, env_id="Walker2d-v5")
+    assert cfg.env_id == "Walker2d-v5" and cfg.r == 800.0
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("bad.toml", 'env_id = "Hopper-v5"\nhidden = [64, \n'),
+        ("bad.json", '{"env_id": "Hopper-v5", }'),
+        ("list.json", "[1, 2, 3]"),
+        ("scalar.json", "42"),
+    ],
+)
+def test_malformed_file_raises_config_error_naming_the_file(tmp_path, name: str, text: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_file(path)
+    assert err.value.field == "file"
+    assert str(path) in str(err.value)
+
+
+def test_missing_file_and_missing_env_id(tmp_path) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_file(tmp_path / "nope.toml")
+    assert err.value.field == "file" and "nope.toml" in str(err.value)
+    path = tmp_path / "noenv.toml"
+    path.write_text("seed = 1\n")
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_file(path)
+    assert err.value.field == "env_id" and str(path) in str(err.value)
+
+
+def test_file_with_unknown_field_names_it(tmp_path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('env_id = "Hopper-v5"\nsigma = 0.1\n')
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_file(path)
+    assert err.value.field == "sigma"
+
+
+# -- resolve -----------------------------------------------------------------------------------------
+def test_resolve_reads_dimensions_off_the_environment() -> None:
+    cfg = RunConfig.from_preset("Pendulum-v1").resolve()
+    assert (cfg.obs_dim, cfg.act_dim, cfg.max_action, cfg.max_episode_steps) == (3, 1, 2.0, 200)
+    assert isinstance(cfg.max_action, float)
+    assert cfg.actor_dim == nets.actor_param_count(3, 1, cfg.hidden)
+    assert cfg.actor_dim == (3 * 64 + 64) + (64 * 64 + 64) + (64 * 1 + 1)
+    assert cfg.run_id.startswith("Pendulum-aesrl-") and cfg.created_at > 0
+    cfg.validate()  # the generated run id is itself valid
+
+
+def test_resolve_keeps_a_given_run_id() -> None:
+    cfg = RunConfig.from_preset("AesrlNull-v0", run_id="mine", env_kwargs={"episode_len": 7}).resolve()
+    assert cfg.run_id == "mine" and cfg.max_episode_steps == 7 and cfg.obs_dim == 3
+
+
+def test_resolve_of_unknown_env_names_env_id() -> None:
+    for env_id in ("NoSuchEnv-v0", "no_such_module_xyz:Env-v0"):
+        with pytest.raises(ConfigError) as err:
+            RunConfig.from_preset(env_id).resolve()
+        assert err.value.field == "env_id", env_id
+
+
+def test_resolve_with_bad_env_kwargs_names_env_kwargs() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_preset("AesrlNull-v0", env_kwargs={"no_such_kwarg": 1}).resolve()
+    assert err.value.field == "env_kwargs"
+
+
+def test_resolve_validates_first() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_preset("Pendulum-v1", algo="nope").resolve()
+    assert err.value.field == "algo"
+
+
+# -- spec_hash and the stored blob ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def null_cfg() -> RunConfig:
+    return RunConfig.from_preset("AesrlNull-v0", run_id="hash-test").resolve()
+
+
+def test_spec_hash_survives_the_blob_round_trip(null_cfg: RunConfig) -> None:
+    d = null_cfg.to_dict()
+    assert d["spec_hash"] == null_cfg.spec_hash and len(d["spec_hash"]) == 16
+    back = load_config_blob(pack(d))
+    assert back.spec_hash == null_cfg.spec_hash
+    assert back == null_cfg  # every field, hidden back to a tuple included
+    assert back.hidden == (8, 8) and isinstance(back.hidden, tuple)
+    assert load_config_blob(pack(back.to_dict())).spec_hash == null_cfg.spec_hash
+
+
+def test_spec_hash_round_trip_with_env_kwargs_and_auto_r() -> None:
+    cfg = RunConfig.from_preset("AesrlNull-v0", r="auto", env_kwargs={"episode_len": 20}).resolve()
+    back = load_config_blob(pack(cfg.to_dict()))
+    assert back.spec_hash == cfg.spec_hash and back.r == "auto" and back.env_kwargs == {"episode_len": 20}
+
+
+def test_spec_hash_follows_what_a_worker_must_agree_on(null_cfg: RunConfig) -> None:
+    h = null_cfg.spec_hash
+    assert dataclasses.replace(null_cfg).spec_hash == h
+    for changes in ({"hidden": (8, 9)}, {"env_id": "AesrlSleep-v0"}, {"critic_hidden": (16, 8)},
+                    {"activation": "relu"}, {"obs_dim": 4}, {"env_kwargs": {"episode_len": 3}}):
+        assert dataclasses.replace(null_cfg, **changes).spec_hash != h, changes
+    for changes in ({"total_steps": 123}, {"seed": 5}, {"rl_ratio": 0.1}, {"run_id": "other"},
+                    {"r": 7.0}, {"created_at": 1.0}):
+        assert dataclasses.replace(null_cfg, **changes).spec_hash == h, changes
+
+
+def test_load_config_blob_rejects_a_tampered_spec_hash(null_cfg: RunConfig) -> None:
+    d = null_cfg.to_dict()
+    d["spec_hash"] = "0" * 16
+    with pytest.raises(CodecError, match="spec_hash"):
+        load_config_blob(pack(d))
+    # Changing the content under an unchanged hash is caught the same way.
+    d = null_cfg.to_dict()
+    d["hidden"] = [8, 16]
+    with pytest.raises(CodecError, match="does not match"):
+        load_config_blob(pack(d))
+    d = null_cfg.to_dict()
+    del d["spec_hash"]
+    with pytest.raises(CodecError, match="spec_hash"):
+        load_config_blob(pack(d))
+
+
+def test_load_config_blob_rejects_unknown_fields_and_non_maps(null_cfg: RunConfig) -> None:
+    d = null_cfg.to_dict()
+    d["evil"] = 1
+    with pytest.raises(CodecError, match="evil"):
+        load_config_blob(pack(d))
+    with pytest.raises(CodecError, match="map"):
+        load_config_blob(pack([1, 2]))
+    assert unpack(pack(null_cfg.to_dict()))["env_id"] == "AesrlNull-v0"

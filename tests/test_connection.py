@@ -1,0 +1,132 @@
+"""Redis clients: errors that say what to do without leaking passwords, and blocking reads without timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact, resolve_url
+from aesrl_queue.redis_server import RedisServer, free_port
+
+PASSWORD = "s3cret"
+
+
+@pytest.fixture()
+def secured(tmp_path):
+    server = RedisServer(directory=tmp_path / "redis-auth", password=PASSWORD).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://:pw@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://user:pw@host:6379/0", "redis://user:***@host:6379/0"),
+        ("rediss://default:a-long!pass@10.0.0.5:6380/2", "rediss://default:***@10.0.0.5:6380/2"),
+        ("redis://:p@ss@host/0", "redis://:***@host/0"),  # a raw '@' in the password: hide all of it
+        ("redis://:pw@host", "redis://:***@host"),
+        ("redis://host:6379/0", "redis://host:6379/0"),
+        ("redis://user@host:6379/0", "redis://user@host:6379/0"),
+        ("redis://host:6379/0?name=a@b", "redis://host:6379/0?name=a@b"),
+    ],
+)
+def test_redact(url: str, expected: str) -> None:
+    assert redact(url) == expected
+
+
+def test_connect_to_a_closed_port_says_what_to_do() -> None:
+    port = free_port()
+    url = f"redis://:hidden-pw@127.0.0.1:{port}/0"
+    t0 = time.monotonic()
+    with pytest.raises(RedisUnavailable) as err:
+        connect(url, retries=1)
+    msg = str(err.value)
+    assert "cannot reach Redis" in msg
+    assert f"redis://:***@127.0.0.1:{port}/0" in msg
+    assert "--redis-url" in msg and ENV_URL in msg
+    assert "hidden-pw" not in msg
+    assert time.monotonic() - t0 < 5
+
+
+def test_check_false_does_not_touch_the_server() -> None:
+    c = connect(f"redis://127.0.0.1:{free_port()}/0", check=False, retries=0)  # no error yet
+    with pytest.raises(redis.ConnectionError):
+        c.ping()
+    c.close()
+
+
+def test_invalid_url_is_reported() -> None:
+    with pytest.raises(RedisUnavailable, match="invalid Redis URL"):
+        connect("http://:pw@host:6379/0")
+
+
+def test_password_protected_server_without_password(secured: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{secured.port}/0"
+    t0 = time.monotonic()
+    with pytest.raises(RedisUnavailable) as err:
+        connect(url)
+    msg = str(err.value)
+    assert "password" in msg and "in the URL" in msg
+    assert "redis://:PASSWORD@" in msg
+    assert url in msg
+    assert PASSWORD not in msg
+    # A refused login is not retried with backoff (it used to take ~90 s with the default retries).
+    assert time.monotonic() - t0 < 3
+
+
+def test_password_protected_server_with_a_wrong_password(secured: RedisServer) -> None:
+    url = f"redis://:wrong-pw@127.0.0.1:{secured.port}/0"
+    t0 = time.monotonic()
+    with pytest.raises(RedisUnavailable) as err:
+        connect(url)
+    msg = str(err.value)
+    assert "put the password in the URL" in msg
+    assert "wrong-pw" not in msg and PASSWORD not in msg
+    assert f"redis://:***@127.0.0.1:{secured.port}/0" in msg
+    assert time.monotonic() - t0 < 3
+
+
+def test_password_in_the_url_works(secured: RedisServer) -> None:
+    assert PASSWORD in secured.url
+    c = connect(secured.url)
+    c.set("k", "v")
+    assert c.get("k") == b"v"
+    c.close()
+    b = connect(f"redis://default:{PASSWORD}@127.0.0.1:{secured.port}/0", blocking=True)
+    assert b.ping() is True
+    b.close()
+
+
+def test_resolve_url_order(monkeypatch) -> None:
+    monkeypatch.delenv(ENV_URL, raising=False)
+    assert resolve_url(None) == "redis://127.0.0.1:6379/0"
+    monkeypatch.setenv(ENV_URL, "redis://envhost:1/0")
+    assert resolve_url(None) == "redis://envhost:1/0"
+    assert resolve_url("redis://given:2/0") == "redis://given:2/0"
+
+
+def test_socket_timeouts(redis_url: str) -> None:
+    normal = connect(redis_url)
+    blocking = connect(redis_url, blocking=True)
+    assert normal.connection_pool.connection_kwargs["socket_timeout"] == 30.0
+    assert blocking.connection_pool.connection_kwargs["socket_timeout"] is None
+    normal.close()
+    blocking.close()
+
+
+@pytest.mark.slow
+def test_blocking_client_reads_longer_than_redis_py_default_timeout(redis_url: str) -> None:
+    # redis-py 8 gives clients a 5 s socket timeout by default: a 6 s XREAD BLOCK would fail there.
+    c = connect(redis_url, blocking=True)
+    t0 = time.monotonic()
+    got = c.xread({"aesrl:test:stream": "0-0"}, block=6000, count=1)
+    elapsed = time.monotonic() - t0
+    assert not got
+    assert elapsed >= 5.9
+    # The same client still works after the long block, and a write wakes a blocked read.
+    c.xadd("aesrl:test:stream", {"a": 1})
+    assert c.xread({"aesrl:test:stream": "0-0"}, block=6000, count=1)
+    c.close()
