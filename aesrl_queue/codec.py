@@ -73,8 +73,8 @@ def looks_pickled(blob: bytes) -> bool:
     return len(blob) >= 3 and blob[0] == 0x80 and 2 <= blob[1] <= 5 and blob[-1] == 0x2E
 
 
-def unpack(blob: bytes | None, *, what: str = "value", expect_map: bool = True) -> Any:
-    """Decode bytes written by `pack`; CodecError names `what` and the problem."""
+def _checked_bytes(blob: Any, what: str) -> bytes:
+    """The bytes of a stored value, refusing a missing value, a non-bytes value and a pickle."""
     if blob is None:
         raise CodecError(f"{what} is missing")
     if not isinstance(blob, bytes | bytearray | memoryview):
@@ -82,6 +82,12 @@ def unpack(blob: bytes | None, *, what: str = "value", expect_map: bool = True) 
     blob = bytes(blob)
     if looks_pickled(blob):
         raise CodecError(f"{what} holds a pickle; this project never unpickles: rejected")
+    return blob
+
+
+def unpack(blob: bytes | None, *, what: str = "value", expect_map: bool = True) -> Any:
+    """Decode bytes written by `pack`; CodecError names `what` and the problem."""
+    blob = _checked_bytes(blob, what)
     try:
         obj = msgpack.unpackb(blob, ext_hook=_ext_hook, raw=False, strict_map_key=False)
     except CodecError as exc:
@@ -107,13 +113,7 @@ def decode_array(
     what: str = "array",
 ) -> np.ndarray:
     """A writable 1-D array from raw bytes, checked for length and (optionally) finiteness."""
-    if blob is None:
-        raise CodecError(f"{what} is missing")
-    if not isinstance(blob, bytes | bytearray | memoryview):
-        raise CodecError(f"{what} is a {type(blob).__name__}, expected bytes")
-    blob = bytes(blob)
-    if looks_pickled(blob):
-        raise CodecError(f"{what} holds a pickle; this project never unpickles: rejected")
+    blob = _checked_bytes(blob, what)
     item = np.dtype(dtype).itemsize
     if len(blob) % item:
         raise CodecError(f"{what} has {len(blob)} bytes, not a multiple of {item} ({dtype})")
