@@ -278,10 +278,14 @@ class Store:
         return out
 
     def forget_jobs(self, jobs: list[str], pipe=None) -> None:
-        if jobs:
-            p = pipe or self.r
-            p.hdel(self.key("inflight"), *jobs)
-            p.hdel(self.key("started"), *jobs)
+        """Drop jobs from `inflight`, `started` and `refs` (the version each one used)."""
+        if not jobs:
+            return
+        p = pipe if pipe is not None else self.r.pipeline()
+        for name in ("inflight", "started", "refs"):
+            p.hdel(self.key(name), *jobs)
+        if pipe is None:
+            p.execute()
 
     # -- replay ---------------------------------------------------------------------------------
     def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0) -> str:

@@ -184,10 +184,6 @@ class Dispatcher:
         for job in jobs:
             self.inflight.pop(job, None)
         self.store.forget_jobs(jobs, pipe=pipe)
-        if pipe is None and jobs:
-            self.r.hdel(self.store.key("refs"), *jobs)
-        elif jobs:
-            pipe.hdel(self.store.key("refs"), *jobs)
 
 
 class DistCache:
