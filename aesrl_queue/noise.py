@@ -119,9 +119,20 @@ def _scale(mu: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mu32, np.sqrt(var32)
 
 
+def mirrored(seed: int) -> int:
+    """The job seed of the antithetic partner of `seed`: sample(μ, var, mirrored(s)) = μ − sqrt(var)·ε(s)."""
+    return _check_seed(seed) + SEED_LIMIT
+
+
 def sample(mu: np.ndarray, var: np.ndarray, seed: int) -> np.ndarray:
-    """z = μ + sqrt(var)·ε(seed) in float32: the only place an individual is built from a seed."""
+    """z = μ + sqrt(var)·ε(seed) in float32: the only place an individual is built from a seed.
+
+    A seed s + 2**63 (see `mirrored`) gives μ − sqrt(var)·ε(s), so the synchronous CEM loops can
+    hand out antithetic pairs as plain (version, seed) jobs.
+    """
     mu32, std = _scale(mu, var)
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and SEED_LIMIT <= seed < 2 * SEED_LIMIT:
+        return mu32 - std * perturbation(int(seed) - SEED_LIMIT, mu32.size).reshape(mu32.shape)
     eps = perturbation(seed, mu32.size).reshape(mu32.shape)
     return mu32 + std * eps
 
