@@ -51,39 +51,79 @@ def _check_seed(seed: int) -> int:
     return int(seed)
 
 
-def _horner(coeffs: tuple[float, ...], t: np.ndarray) -> np.ndarray:
-    acc = np.full_like(t, coeffs[-1])
+_U64 = np.uint64
+_ONE_BITS = _U64(0x3FF0000000000000)  # exponent bits of 1.0
+_MANTISSA = _U64(0x000FFFFFFFFFFFFF)
+_SIGN_SHIFT = _U64(63)
+_SQRT_TWO = 2 * _SQRT_HALF  # exact: the test "2m < sqrt(1/2)·2" of step 3, on m' = 2m
+_HALF_ULP_OF_ONE = 2.0**-53
+# Pairs are transformed in chunks that stay in cache: the same arithmetic element by element, so
+# the chunk size changes the speed (about 2.5x at 129k parameters) but never a bit of the output.
+_CHUNK_PAIRS = 16384
+
+
+def _horner(coeffs: tuple[float, ...], t: np.ndarray, out: np.ndarray) -> np.ndarray:
+    out.fill(coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        acc = acc * t + c
-    return acc
+        np.multiply(out, t, out=out)
+        np.add(out, c, out=out)
+    return out
 
 
-def _ln(a: np.ndarray) -> np.ndarray:
-    m, e = np.frexp(a)
-    low = m < _SQRT_HALF
-    m = np.where(low, m * 2.0, m)
-    e = np.where(low, e - 1, e).astype(np.float64)
-    s = (m - 1.0) / (m + 1.0)
-    return e * _LN2 + (2.0 * s) * _horner(_ATANH_COEFFS, s * s)
+def _box_muller(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """Step 3 for contiguous float64 uniforms a, b; writes (ρ·cos θ, ρ·sin θ) rows into out (n, 2).
 
+    Only exact operations are added to the documented ones: bit masks instead of frexp (a is a
+    normal double in (0, 1)), multiplication by 1, 0.5 or 2, and sign flips by xor of the sign bit.
+    """
+    bits = a.view(_U64)
+    m = ((bits & _MANTISSA) | _ONE_BITS).view(np.float64)  # m' = 2m in [1, 2), a = m'·2^(E-1023)
+    big = m >= _SQRT_TWO  # frexp's m >= sqrt(1/2): keep m = m'/2, e = E - 1022; else m = m', e = E - 1023
+    e = ((bits >> _U64(52)).astype(np.int64) - 1023 + big).astype(np.float64)
+    m *= 1.0 - 0.5 * big
+    s = m - 1.0
+    m += 1.0
+    s /= m
+    t = np.multiply(s, s, out=m)
+    p = _horner(_ATANH_COEFFS, t, np.empty_like(s))
+    s *= 2.0
+    p *= s
+    e *= _LN2
+    e += p
+    e *= -2.0
+    rho = np.sqrt(e, out=e)
 
-def _cos_sin_2pi(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    x4 = 4.0 * b
-    q = np.rint(x4)
-    x = (x4 - q) * _HALF_PI
-    t = x * x
-    sin_x = x * _horner(_SIN_COEFFS, t)
-    cos_x = _horner(_COS_COEFFS, t)
-    quadrant = q.astype(np.int64) & 3
-    cos_t = np.choose(quadrant, (cos_x, -sin_x, -cos_x, sin_x))
-    sin_t = np.choose(quadrant, (sin_x, cos_x, -sin_x, -cos_x))
-    return cos_t, sin_t
+    x = b * 4.0
+    q = np.rint(x)
+    x -= q
+    x *= _HALF_PI
+    t = np.multiply(x, x, out=t)
+    sin_x = _horner(_SIN_COEFFS, t, p)
+    sin_x *= x
+    cos_x = _horner(_COS_COEFFS, t, s)
+    quadrant = q.astype(np.int64).view(_U64)
+    cb, sb = cos_x.view(_U64), sin_x.view(_U64)
+    swap = cb ^ sb
+    swap &= _U64(0) - (quadrant & _U64(1))  # odd quadrants exchange cos x and sin x
+    cb ^= swap
+    sb ^= swap
+    cb ^= (((quadrant + _U64(1)) >> _U64(1)) & _U64(1)) << _SIGN_SHIFT  # cos θ < 0 in quadrants 1, 2
+    sb ^= ((quadrant >> _U64(1)) & _U64(1)) << _SIGN_SHIFT  # sin θ < 0 in quadrants 2, 3
+    np.multiply(rho, cos_x, out=out[:, 0])
+    np.multiply(rho, sin_x, out=out[:, 1])
 
 
 def uniforms(seed: int, count: int) -> np.ndarray:
     """Steps 1-2 of the module's algorithm: `count` float64 uniforms in (0, 1) from `seed`."""
     words = np.random.PCG64(_check_seed(seed)).random_raw(count)
-    return ((words >> np.uint64(12)).astype(np.float64) + 0.5) * _TWO_POW_M52
+    # ((w >> 12) + 0.5)·2^-52, computed exactly as (1 + (w >> 12)·2^-52) − 1 + 2^-53: the bit pattern
+    # of 1.0 with w's top 52 bits as mantissa, then two exact subtractions (Sterbenz) and additions.
+    np.right_shift(words, _U64(12), out=words)
+    np.bitwise_or(words, _ONE_BITS, out=words)
+    u = words.view(np.float64)
+    u -= 1.0
+    u += _HALF_ULP_OF_ONE
+    return u
 
 
 def perturbation(seed: int, dim: int) -> np.ndarray:
@@ -92,13 +132,15 @@ def perturbation(seed: int, dim: int) -> np.ndarray:
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 0:
         raise ValueError(f"dim must be an int >= 0, got {dim!r}")
     pairs = (int(dim) + 1) // 2
-    u = uniforms(seed, 2 * pairs)
-    rho = np.sqrt(-2.0 * _ln(u[0::2]))
-    cos_t, sin_t = _cos_sin_2pi(u[1::2])
-    out = np.empty(2 * pairs, dtype=np.float64)
-    out[0::2] = rho * cos_t
-    out[1::2] = rho * sin_t
-    return out[:dim].astype(np.float32)
+    u = uniforms(seed, 2 * pairs).reshape(pairs, 2)
+    out = np.empty((pairs, 2), dtype=np.float32)
+    buf = np.empty((min(_CHUNK_PAIRS, pairs), 2), dtype=np.float64)
+    for i in range(0, pairs, _CHUNK_PAIRS):
+        j = min(pairs, i + _CHUNK_PAIRS)
+        chunk = buf[: j - i]
+        _box_muller(np.ascontiguousarray(u[i:j, 0]), np.ascontiguousarray(u[i:j, 1]), chunk)
+        out[i:j] = chunk  # the one rounding to float32 of step 4
+    return out.reshape(-1)[:dim]
 
 
 def derive_seeds(seed: int, count: int) -> list[int]:

@@ -118,3 +118,52 @@ def test_derive_seeds() -> None:
     assert len(set(seeds)) == 6
     assert all(isinstance(s, int) and 0 <= s < 2**63 for s in seeds)
     assert derive_seeds(8, 3) == seeds[:3]
+
+
+def _reference_perturbation(seed: int, dim: int) -> np.ndarray:
+    """The module docstring's algorithm written out plainly (frexp, np.choose, no chunks).
+
+    The module computes the same numbers with bit tricks and cache-sized chunks for speed; this
+    is the oracle that keeps the fast version honest, bit for bit.
+    """
+    import math
+
+    def horner(coeffs, t):
+        acc = np.full_like(t, coeffs[-1])
+        for c in reversed(coeffs[:-1]):
+            acc = acc * t + c
+        return acc
+
+    atanh = tuple(1 / (2 * j + 1) for j in range(12))
+    sin_c = tuple((-1) ** j / math.factorial(2 * j + 1) for j in range(10))
+    cos_c = tuple((-1) ** j / math.factorial(2 * j) for j in range(10))
+    pairs = (dim + 1) // 2
+    words = np.random.PCG64(seed).random_raw(2 * pairs)
+    u = ((words >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
+    a, b = u[0::2], u[1::2]
+    m, e = np.frexp(a)
+    low = m < 0.7071067811865476
+    m = np.where(low, m * 2.0, m)
+    e = np.where(low, e - 1, e).astype(np.float64)
+    s = (m - 1.0) / (m + 1.0)
+    rho = np.sqrt(-2.0 * (e * 0.6931471805599453 + (2.0 * s) * horner(atanh, s * s)))
+    x4 = 4.0 * b
+    q = np.rint(x4)
+    x = (x4 - q) * 1.5707963267948966
+    t = x * x
+    sin_x, cos_x = x * horner(sin_c, t), horner(cos_c, t)
+    quadrant = q.astype(np.int64) & 3
+    cos_t = np.choose(quadrant, (cos_x, -sin_x, -cos_x, sin_x))
+    sin_t = np.choose(quadrant, (sin_x, cos_x, -sin_x, -cos_x))
+    out = np.empty(2 * pairs)
+    out[0::2], out[1::2] = rho * cos_t, rho * sin_t
+    return out[:dim].astype(np.float32)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3, 7, 32768, 32769, 32770, 65537, 129306])
+def test_fast_path_is_bit_identical_to_the_plain_algorithm(dim: int) -> None:
+    rng = np.random.default_rng(dim)
+    for seed in [0, 2**63 - 1, *(int(s) for s in rng.integers(0, 2**63 - 1, size=3))]:
+        fast, plain = perturbation(seed, dim), _reference_perturbation(seed, dim)
+        assert fast.dtype == np.float32 and fast.shape == plain.shape == (dim,)
+        assert np.array_equal(fast.view(np.uint32), plain.view(np.uint32)), seed
