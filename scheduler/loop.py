@@ -96,6 +96,8 @@ class AsyncScheduler:
         self.f_mu = state.get("f_mu", math.nan)
         self.f_mu_version = state.get("f_mu_version", -1)
         self.best = state.get("best_fitness", -math.inf)
+        # The best non-random individual's parameters are kept in `best` for `aesrl-queue export --which best`.
+        self.best_kept = float(self.r.hget(store.key("best"), "fitness") or "-inf")
         self.controller = RLController(target=cfg.rl_ratio if uses_rl(cfg) else 0.0, gain=cfg.rl_gain,
                                        initial_steps=cfg.initial_steps)
         self.controller.load_state({"n_rl": max(1, state.get("n_rl", 1)), "n_es": max(1, state.get("n_es", 1))})
@@ -283,6 +285,11 @@ class AsyncScheduler:
                  "moved": float(np.linalg.norm(self.dist.mean - mean_before)), "duration": res.duration,
                  "random": bool(info.get("random", False)), "rl_steps": res.rl_steps}
         pipe.xadd(self.store.key("history"), {"d": codec.pack(entry)}, maxlen=cfg.history_max)
+        if not entry["random"] and res.fitness > self.best_kept:
+            self.best_kept = res.fitness
+            pipe.hset(self.store.key("best"), mapping={"params": codec.encode_array(z), "fitness": res.fitness,
+                                                       "job": res.job, "kind": res.kind, "version": new_version,
+                                                       "steps": entry["steps"]})
         pipe.execute()
         self.last_id = entry_id
         if changed:
