@@ -1,0 +1,89 @@
+"""Workers killed with real signals in the middle of ES and RL jobs: the scheduler notices by the
+missing heartbeat (seconds, not RQ's minutes-long abandoned-job pass), refills the slot, and a
+late result of a replaced job is dropped, never applied twice.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from aesrl_queue.store import WORKER_TTL, Store
+from tests.conftest import wait_for
+from tests.faults import check_exactly_once, signal_worker, sleep_config, wait_pid_exit, workers_in_job
+
+pytestmark = pytest.mark.slow
+
+RUN = "faults-workers"
+
+
+def _wait_replaced(store: Store, before: int, since: float, timeout: float, on_fail) -> float:
+    wait_for(lambda: store.state()["replaced"] > before, timeout, interval=0.1,
+             what="the scheduler to replace the job of the signalled worker", on_fail=on_fail)
+    return time.monotonic() - since
+
+
+def test_kill_9_in_es_and_rl_jobs_and_a_late_result(tmp_path, redis_url, client, procs):
+    cfg = sleep_config(tmp_path / "run.json", mean_s=1.5, total_steps=2500, rl_ratio=0.5, initial_steps=300)
+    for i in range(4):
+        procs.rq_worker(f"w{i}", redis_url)
+    procs.cli("scheduler", "scheduler", "start", "--redis-url", redis_url, "--config", str(cfg), "--run-id", RUN)
+    procs.cli("critic", "critic", "start", "--redis-url", redis_url, "--run", RUN)
+    store = Store(client, RUN)
+    wait_for(store.exists, 60, what="the run", on_fail=procs.logs)
+
+    # 1. kill -9 a worker in the middle of an ES job; SIGSTOP another one mid-job (its result comes late).
+    es = wait_for(lambda: workers_in_job(client, store, "es"), 90, interval=0.05, what="an ES job running",
+                  on_fail=procs.logs)[0]
+    time.sleep(0.3)
+    before = store.state()["replaced"]
+    t_kill = time.monotonic()
+    signal_worker(es, signal.SIGKILL)
+    assert wait_pid_exit(int(es["pid"]))
+    stopped = wait_for(lambda: [w for w in workers_in_job(client, store) if w["name"] != es["name"]], 30,
+                       interval=0.05, what="another job running", on_fail=procs.logs)[0]
+    signal_worker(stopped, signal.SIGSTOP)
+    es_latency = _wait_replaced(store, before, t_kill, 3 * WORKER_TTL, procs.logs)
+    wait_for(lambda: store.state()["replaced"] >= before + 2, 3 * WORKER_TTL, interval=0.1,
+             what="the stopped worker's job to be replaced", on_fail=procs.logs)
+    procs.rq_worker("w-new-1", redis_url)
+    # The stopped worker wakes up and reports its (replaced) job: dropped as stale.
+    stale_before = store.state()["stale"]
+    signal_worker(stopped, signal.SIGCONT)
+    wait_for(lambda: store.state()["stale"] > stale_before, 60, what="the late result to be dropped as stale",
+             on_fail=procs.logs)
+
+    # 2. kill -9 a worker in the middle of an RL job (needs the first critic).
+    rl = wait_for(lambda: workers_in_job(client, store, "rl"), 120, interval=0.05, what="an RL job running",
+                  on_fail=procs.logs)[0]
+    time.sleep(0.3)
+    before = store.state()["replaced"]
+    t_kill = time.monotonic()
+    signal_worker(rl, signal.SIGKILL)
+    assert wait_pid_exit(int(rl["pid"]))
+    rl_latency = _wait_replaced(store, before, t_kill, 3 * WORKER_TTL, procs.logs)
+    procs.rq_worker("w-new-2", redis_url)
+
+    # 3. The run reaches its budget with no result applied twice.
+    wait_for(lambda: store.status() == "finished", 240, interval=0.5, what="the run to finish", on_fail=procs.logs)
+    assert procs.procs["scheduler"].wait(30) == 0, procs.log("scheduler")
+    out = check_exactly_once(client, store)
+    st, history, entries = out["state"], out["history"], out["results"]
+    assert st["steps"] >= 2500
+    applied = {h["job"] for h in history}
+    assert es["job"] not in applied and rl["job"] not in applied
+    # The late result is in the stream, ok, and was not applied.
+    late = [f for _i, f in entries if f["job"] == stopped["job"]]
+    assert late and late[0]["status"] == "ok", late
+    assert stopped["job"] not in applied
+    assert st["replaced"] >= 3 and st["stale"] >= 1, st
+    assert st["rl_applied"] > 0 and st["es_applied"] > 0, st
+    log = procs.log("scheduler")
+    assert f"job {es['job']} lost (worker {es['name']}" in log and "stopped heartbeating" in log, log[-3000:]
+    assert f"result of {stopped['job']} (" in log and "is not in flight" in log
+    # Detected by the heartbeat: TTL + a check interval, far inside any job deadline (>= 120 s).
+    print(f"\ndetection latency after kill -9: ES {es_latency:.1f}s, RL {rl_latency:.1f}s "
+          f"(heartbeat TTL {WORKER_TTL}s); replaced={st['replaced']} stale={st['stale']}")
+    assert es_latency < WORKER_TTL + 8 and rl_latency < WORKER_TTL + 8, (es_latency, rl_latency)
