@@ -118,7 +118,11 @@ def scheduler() -> None:
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
 @config_options
 @click.option("--run", "run", default=None, help="Resume this existing run instead of creating one.")
-def scheduler_start(redis_url, run, env_id, config_file, **kw) -> None:
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the run folder OUT/<run-id> (metrics.jsonl as it goes; policy, summary at the end).")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
+              help="Write TensorBoard scalars to DIR/<run-id> (needs the tensorboard extra).")
+def scheduler_start(redis_url, run, env_id, config_file, out_dir=None, tensorboard_dir=None, **kw) -> None:
     """Run the scheduler loop of a new run (or resume --run RUN) until its step budget is spent."""
     from aesrl_queue.store import Store
     from scheduler.loop import ASYNC_ALGOS, AsyncScheduler, install_signal_handlers
@@ -145,8 +149,45 @@ def scheduler_start(redis_url, run, env_id, config_file, **kw) -> None:
             fail(f"algo: {cfg.algo!r} is not available in this version; use one of {', '.join(ASYNC_ALGOS)}")
         sched = make_sync_scheduler(client, blocking, cfg, stop_event=stop)
     click.echo(f"run {cfg.run_id}: scheduler started ({cfg.algo}, {cfg.env_id}, {cfg.actor_dim} parameters)", err=True)
-    status = sched.run()
+    metrics = _start_metrics(redis_url, cfg, out_dir, tensorboard_dir)
+    try:
+        status = sched.run()
+    finally:
+        if metrics is not None:
+            _finish_run_folder(metrics, out_dir, cfg.run_id)
     click.echo(f"run {cfg.run_id}: {status}", err=True)
+
+
+def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir):
+    """A MetricsWriter thread for `scheduler start --out/--tensorboard` (None when neither is given)."""
+    if not out_dir and not tensorboard_dir:
+        return None
+    from pathlib import Path
+
+    from cli.metrics import MetricsWriter
+
+    run_dir = Path(out_dir or "runs") / cfg.run_id
+    try:
+        writer = MetricsWriter(_connect(redis_url), cfg.run_id, run_dir / "metrics.jsonl",
+                               tensorboard_dir=Path(tensorboard_dir) / cfg.run_id if tensorboard_dir else None)
+    except ImportError as exc:
+        fail(f"tensorboard: {exc}")
+    click.echo(f"run {cfg.run_id}: metrics in {run_dir / 'metrics.jsonl'}"
+               + (f", TensorBoard in {Path(tensorboard_dir) / cfg.run_id}" if tensorboard_dir else ""), err=True)
+    return writer.start()
+
+
+def _finish_run_folder(metrics, out_dir, run_id) -> None:
+    from aesrl_queue.store import Store
+    from cli.launch import write_run_folder
+
+    metrics.close()
+    if out_dir:
+        try:
+            write_run_folder(metrics.path.parent, Store(metrics.r, run_id))
+            click.echo(f"run {run_id}: run folder {metrics.path.parent}", err=True)
+        except Exception as exc:  # the scheduler's outcome matters more than the folder
+            click.echo(f"could not write the run folder: {exc}", err=True)
 
 
 # -- critic -------------------------------------------------------------------------------------------
@@ -291,7 +332,9 @@ def runs(redis_url) -> None:
 @click.option("--workers", "n_workers", type=int, default=None, help="Local worker processes (default: cores).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs", help="Folder for run folders.")
 @click.option("--no-critic", is_flag=True, help="Do not start a local critic daemon (one runs elsewhere).")
-def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, no_critic, **kw) -> None:
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
+              help="Write TensorBoard scalars to DIR/<run-id> (needs the tensorboard extra).")
+def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, no_critic, tensorboard_dir=None, **kw) -> None:
     """Everything on one machine: embedded Redis, scheduler, critic daemon and N workers.
 
     Shows progress, and at the end (or on Ctrl-C) stops every child and writes a run folder with
@@ -303,8 +346,94 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, no_critic, **kw)
     n = n_workers if n_workers is not None else max(1, (os.cpu_count() or 2))
     if n < 1:
         fail("workers: must be at least 1")
-    code = launch(cfg, n_workers=n, redis_url=redis_url, out_dir=out_dir, start_critic=not no_critic)
+    if tensorboard_dir:
+        from cli.metrics import open_tensorboard
+
+        try:
+            open_tensorboard(tensorboard_dir).close()
+        except ImportError as exc:
+            fail(f"tensorboard: {exc}")
+    code = launch(cfg, n_workers=n, redis_url=redis_url, out_dir=out_dir, start_critic=not no_critic,
+                  tensorboard_dir=tensorboard_dir)
     sys.exit(code)
+
+
+# -- results: plot, export, evaluate -------------------------------------------------------------------
+@cli.command()
+@click.argument("run_folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--out", "out", default="curves.png", type=click.Path(dir_okay=False), help="PNG to write.")
+@click.option("--title", default=None, help="Figure title (default: the environments and run counts).")
+def plot(run_folders, out, title) -> None:
+    """Learning curves (f(μ) vs stored steps and vs wall clock) and the ES/RL interaction chart of run folders.
+
+    Runs whose configs differ only by seed are drawn as one curve: the mean with a ±1 std band.
+    """
+    from cli.plot import PlotError, plot_runs
+
+    try:
+        drawn = plot_runs(list(run_folders), out, title=title)
+    except PlotError as exc:
+        fail(str(exc), code=1)
+    for why in drawn["skipped"]:
+        click.echo(f"skipped: {why}", err=True)
+    for label, run_ids in drawn["groups"].items():
+        click.echo(f"{label}: {len(run_ids)} run{'s' if len(run_ids) != 1 else ''} ({', '.join(run_ids)})")
+    click.echo(f"wrote {drawn['out']}")
+
+
+@cli.command()
+@click.argument("run")
+@click.option("-o", "--out", "out", default="policy.pt", type=click.Path(dir_okay=False), help="File to write.")
+@click.option("--which", type=click.Choice(["mu", "best"]), default="mu",
+              help="mu: the current mean of the search distribution; best: the best individual evaluated.")
+@click.option("--redis-url", envvar=ENV_URL, default=None, help="Read RUN (a run id) from this Redis. " + URL_HELP)
+def export(run, out, which, redis_url) -> None:
+    """Write a run's policy (RUN: a run folder, or a run id with --redis-url) with the config to rebuild it."""
+    from pathlib import Path
+
+    from cli.export import ExportError, export_policy
+
+    client = None if Path(run).exists() else _connect(redis_url)
+    try:
+        payload = export_policy(run, out, which=which, client=client)
+    except ExportError as exc:
+        fail(str(exc), code=1)
+    src = payload["source"]
+    def num(x):
+        return format(x, ".1f") if isinstance(x, float) and math.isfinite(x) else "-"
+
+    extra = (f"version {src.get('mu_version')}, last f(μ) {num(src.get('f_mu'))}" if which == "mu"
+             else f"f(z) {num(src.get('fitness'))}, {src.get('kind')} individual")
+    click.echo(f"wrote {out}: {which} of {payload['env_id']} ({payload['params'].numel():,} parameters; {extra})")
+
+
+@cli.command()
+@click.argument("policy", type=click.Path(exists=True, dir_okay=False))
+@click.option("--episodes", "-n", type=click.IntRange(min=1), default=10, help="Episodes to run.")
+@click.option("--seed", type=int, default=0, help="Episode i resets the environment with seed + i.")
+@click.option("--video", "video_dir", type=click.Path(file_okay=False), default=None,
+              help="Film the first episode into this folder (needs the video extra).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def evaluate(policy, episodes, seed, video_dir, as_json) -> None:
+    """Run an exported policy deterministically and print its mean ± std return."""
+    import torch
+
+    from cli.export import ExportError, evaluate_policy
+
+    torch.set_num_threads(1)
+    try:
+        res = evaluate_policy(policy, episodes=episodes, seed=seed, video_dir=video_dir)
+    except ExportError as exc:
+        fail(str(exc), code=1)
+    if as_json:
+        click.echo(json.dumps(res, default=_json_default))
+        sys.exit(1 if "video_error" in res else 0)
+    click.echo(f"{res['env_id']} ({res['which']}): return {res['mean']:.1f} ± {res['std']:.1f} "
+               f"over {episodes} episodes (min {min(res['returns']):.1f}, max {max(res['returns']):.1f})")
+    if "video" in res:
+        click.echo(f"video: {res['video']['path']} ({res['video']['frames']} frames, return {res['video']['return']:.1f})")
+    if "video_error" in res:
+        fail(f"video: {res['video_error']}", code=1)
 
 
 def main() -> None:

@@ -10,16 +10,37 @@ import numpy as np
 import redis
 
 from aesrl_queue.codec import CodecError
-from aesrl_queue.store import Store, live_workers
+from aesrl_queue.store import WORKER_KEY, WORKER_TTL, Store, live_workers
+
+SERIES_POINTS = 60  # width of the f(μ) sparkline
 
 
-def gather(client: redis.Redis, run_id: str) -> dict[str, Any]:
-    """Every number `status` prints, read from the run's keys."""
+def redis_now(client: redis.Redis) -> float:
+    """The Redis server's clock: ages are measured against it, so a remote status is right even
+    when this machine's clock differs from the scheduler's."""
+    try:
+        sec, usec = client.time()
+        return sec + usec / 1e6
+    except redis.RedisError:
+        return time.time()
+
+
+def downsample(values: list[float], n: int) -> list[float]:
+    """At most n values: the means of n equal slices (a sparkline of the whole window)."""
+    if len(values) <= n:
+        return list(values)
+    edges = np.linspace(0, len(values), n + 1).astype(int)
+    return [float(np.mean(values[a:b])) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+
+
+def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any]:
+    """Every number `status` prints, read from the run's keys (`window` = recent updates used for
+    the trend, the sparkline and steps/s)."""
     store = Store(client, run_id)
     cfg = store.config()
     st = store.state()
-    hist = store.recent_history(200)
-    now = time.time()
+    hist = store.recent_history(window)
+    now = redis_now(client)
     out: dict[str, Any] = {
         "run": run_id, "env": cfg.env_id, "algo": cfg.algo, "status": st.get("status", "?"),
         "version": st["version"], "steps": st["steps"], "total_steps": cfg.total_steps,
@@ -31,9 +52,13 @@ def gather(client: redis.Redis, run_id: str) -> dict[str, Any]:
         "n_rl": st["n_rl"], "n_es": st["n_es"],
         "critic_version": st["critic_version"], "critic_steps": st["critic_steps"],
         "critic_steps_per_s": st.get("critic_steps_per_s", 0.0), "critic_loss": st.get("critic_loss", math.nan),
+        "critic_device": st.get("critic_device", ""),
+        "critic_age": now - st["critic_updated_at"] if st.get("critic_updated_at") else None,
         "inflight": client.hlen(store.key("inflight")),
-        "started_at": st.get("started_at", 0.0), "elapsed": now - st.get("started_at", now) if st.get("started_at") else 0.0,
+        "started_at": st.get("started_at", 0.0),
+        "elapsed": ((st.get("finished_at") or now) - st["started_at"]) if st.get("started_at") else 0.0,
         "last_p_rl": st.get("last_p_rl", math.nan), "last_p_es": st.get("last_p_es", math.nan),
+        "now": now,
     }
     applied = st["rl_applied"] + st["es_applied"]
     out["rl_share"] = st["rl_applied"] / applied if applied else 0.0
@@ -42,21 +67,34 @@ def gather(client: redis.Redis, run_id: str) -> dict[str, Any]:
         out.update(sigma_mean=last.get("sigma_mean"), sigma_min=last.get("sigma_min"), sigma_max=last.get("sigma_max"))
         f_mus = [h["f_mu"] for h in hist if isinstance(h.get("f_mu"), float) and math.isfinite(h["f_mu"])]
         out["f_mu_trend"] = (f_mus[-1] - f_mus[0]) if len(f_mus) >= 2 else 0.0
-        out["f_mu_series"] = f_mus[-60:]
+        out["trend_updates"] = len(hist)
+        out["f_mu_series"] = downsample(f_mus, SERIES_POINTS)
+        out["f_mu_range"] = (min(f_mus), max(f_mus)) if f_mus else None
         t0, t1 = hist[0]["t"], hist[-1]["t"]
         lens = sum(h.get("len", 0) for h in hist[1:])
-        out["steps_per_s"] = lens / (t1 - t0) if t1 > t0 else 0.0
+        # steps/s of the recent window; 0 once the run has been idle for a while
+        out["steps_per_s"] = lens / (t1 - t0) if t1 > t0 and now - t1 < 30 else 0.0
         out["last_p"] = {k: [round(h["p"], 3) for h in hist if h["kind"] == k][-5:] for k in ("es", "rl")}
+        out["last_update_age"] = now - t1
     else:
-        out.update(sigma_mean=None, sigma_min=None, sigma_max=None, f_mu_trend=0.0, f_mu_series=[],
-                   steps_per_s=0.0, last_p={"es": [], "rl": []})
+        out.update(sigma_mean=None, sigma_min=None, sigma_max=None, f_mu_trend=0.0, f_mu_series=[], f_mu_range=None,
+                   steps_per_s=0.0, last_p={"es": [], "rl": []}, trend_updates=0, last_update_age=None)
     workers = live_workers(client)
-    out["workers"] = [
-        {"name": n, "host": w.get("host", ""), "pid": w.get("pid", ""), "kind": w.get("kind", ""),
-         "run": w.get("run", ""), "jobs_done": int(w.get("jobs_done", 0) or 0),
-         "last_seen": round(now - float(w.get("last_seen", now) or now), 1)}
-        for n, w in sorted(workers.items())
-    ]
+    # Age of the last heartbeat from the key's TTL (Redis's clock), not from the worker's clock.
+    names = sorted(workers)
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        pipe.pttl(WORKER_KEY.format(name=n))
+    ttls = pipe.execute() if names else []
+    out["workers"] = []
+    for n, ttl in zip(names, ttls, strict=True):
+        w = workers[n]
+        seen = max(0.0, WORKER_TTL - ttl / 1000.0) if isinstance(ttl, int) and ttl >= 0 else None
+        out["workers"].append(
+            {"name": n, "host": w.get("host", ""), "pid": w.get("pid", ""), "kind": w.get("kind", ""),
+             "job": w.get("job", ""), "run": w.get("run", ""), "jobs_done": int(w.get("jobs_done", 0) or 0),
+             "last_seen": round(seen, 1) if seen is not None else None,
+             "queues": w.get("queues", "")})
     return out
 
 
@@ -98,7 +136,7 @@ def render(s: dict[str, Any]) -> str:
     ]
     for w in s["workers"]:
         lines.append(f"    {w['host']}:{w['pid']:<8} {w['kind'] or 'idle':5} jobs {w['jobs_done']:<6} "
-                     f"seen {w['last_seen']}s ago  {w['run']}")
+                     f"seen {_f(w['last_seen'])}s ago  {w['run']}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,278 @@
+"""`aesrl-queue plot`: learning curves and the ES/RL interaction chart of run folders, as one PNG.
+
+Reads only the run folders (config.json + metrics.jsonl), so runs from any machine can be compared.
+Runs whose configs differ only by seed form one curve: the mean across seeds with a ±1 std band.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cli.metrics import read_metrics
+
+# Config fields that never make two runs different algorithms.
+IGNORED_FIELDS = {"seed", "run_id", "created_at", "total_steps", "spec_hash", "job_timeout", "result_ttl",
+                  "failure_ttl", "critic_wait", "queued_per_worker", "job_deadline", "history_max"}
+CURVE_BINS = 60
+INTERACTION_BINS = 25
+MIN_PER_BIN = 3  # fewer updates than this in a bin: no point drawn
+
+
+class PlotError(ValueError):
+    """A run folder cannot be plotted (missing, empty, or unreadable)."""
+
+
+@dataclass
+class RunData:
+    folder: Path
+    config: dict[str, Any]
+    updates: list[dict[str, Any]]
+    evals: list[dict[str, Any]]  # (steps, elapsed, f_mu) of μ evaluations
+    label: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return str(self.config.get("run_id") or self.folder.name)
+
+
+@dataclass
+class Group:
+    label: str
+    runs: list[RunData] = field(default_factory=list)
+
+
+def load_run(folder: str | Path) -> RunData:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PlotError(f"{folder}: not a run folder (expected a folder with config.json and metrics.jsonl)")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlotError(f"{folder}: cannot read config.json ({exc})") from None
+    try:
+        recs = read_metrics(folder / "metrics.jsonl")
+    except OSError as exc:
+        raise PlotError(f"{folder}: cannot read metrics.jsonl ({exc})") from None
+    # Records written before "type" existed are updates.
+    updates = [r for r in recs if r.get("type", "update") == "update" and "steps" in r]
+    evals = [r for r in recs if r.get("type") == "mu_eval"]
+    if not evals:  # no μ evaluation records: the scheduler's f(μ) at each update
+        evals = [r for r in updates if _finite(r.get("f_mu"))]
+    evals = [r for r in evals if _finite(r.get("f_mu")) and _finite(r.get("steps"))]
+    t0 = _start_time(updates + evals)
+    for r in updates + evals:
+        if not _finite(r.get("elapsed")) and _finite(r.get("t")) and t0 is not None:
+            r["elapsed"] = r["t"] - t0
+    if not evals:
+        raise PlotError(f"{folder}: metrics.jsonl has no f(μ) values yet")
+    updates.sort(key=lambda r: r["steps"])
+    evals.sort(key=lambda r: r["steps"])
+    return RunData(folder=folder, config=config, updates=updates, evals=evals)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _start_time(recs: list[dict[str, Any]]) -> float | None:
+    ts = [r["t"] for r in recs if _finite(r.get("t"))]
+    return min(ts) if ts else None
+
+
+def group_runs(runs: list[RunData]) -> list[Group]:
+    """Runs whose configs differ only by seed (and bookkeeping) share a group; labels name what differs."""
+    keys = sorted({k for r in runs for k in r.config} - IGNORED_FIELDS)
+    varying = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+    groups: dict[str, Group] = {}
+    for r in runs:
+        parts = [str(r.config.get("algo", "?"))]
+        parts += [f"{k}={r.config.get(k)}" for k in varying if k not in ("algo", "obs_dim", "act_dim",
+                                                                        "max_action", "max_episode_steps",
+                                                                        "actor_dim")]
+        label = ", ".join(parts)
+        groups.setdefault(label, Group(label)).runs.append(r)
+    return list(groups.values())
+
+
+def binned_curve(xs: np.ndarray, ys: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Mean of ys in each bin of grid edges, interpolated over empty bins (NaN outside the data)."""
+    centers = (grid[:-1] + grid[1:]) / 2
+    idx = np.clip(np.searchsorted(grid, xs, side="right") - 1, 0, len(centers) - 1)
+    sums = np.bincount(idx, weights=ys, minlength=len(centers))
+    counts = np.bincount(idx, minlength=len(centers))
+    out = np.full(len(centers), np.nan)
+    has = counts > 0
+    out[has] = sums[has] / counts[has]
+    if has.sum() >= 2:
+        inside = (centers >= centers[has][0]) & (centers <= centers[has][-1])
+        out[inside] = np.interp(centers[inside], centers[has], out[has])
+    return out
+
+
+def group_curve(group: Group, x_key: str, bins: int = CURVE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, mean, std) of f(μ) against x_key ("steps" or "elapsed") over the range all runs cover."""
+    series = []
+    for r in group.runs:
+        pts = [(e[x_key], e["f_mu"]) for e in r.evals if _finite(e.get(x_key))]
+        if pts:
+            series.append(np.array(pts, dtype=float))
+    if not series:
+        return np.array([]), np.array([]), np.array([])
+    hi = min(s[:, 0].max() for s in series)
+    lo = max(0.0, min(s[:, 0].min() for s in series))
+    if hi <= lo:
+        hi = lo + 1.0
+    grid = np.linspace(lo, hi, bins + 1)
+    ys = np.vstack([binned_curve(s[:, 0], s[:, 1], grid) for s in series])
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(ys, axis=0)
+            std = np.nanstd(ys, axis=0) if len(series) > 1 else np.zeros(ys.shape[1])
+    return (grid[:-1] + grid[1:]) / 2, mean, std
+
+
+def interaction_stats(group: Group, bins: int = INTERACTION_BINS) -> dict[str, np.ndarray]:
+    """Per bin of stored steps, pooled over the group's runs: RL share of updates, mean p per kind,
+    and the fraction of each kind's updates whose f(z) beat f(μ)."""
+    ups = [u for r in group.runs for u in r.updates if u.get("kind") in ("es", "rl") and _finite(u.get("steps"))]
+    if not ups:
+        return {}
+    steps = np.array([u["steps"] for u in ups], dtype=float)
+    hi = min(max(u["steps"] for u in r.updates) for r in group.runs if r.updates)
+    # Short runs get fewer, fuller bins: a point needs MIN_PER_BIN updates of a kind.
+    bins = int(max(2, min(bins, len(ups) // (3 * MIN_PER_BIN))))
+    grid = np.linspace(0, max(hi, 1.0), bins + 1)
+    idx = np.clip(np.searchsorted(grid, steps, side="right") - 1, 0, bins - 1)
+    keep = steps <= grid[-1]
+    kinds = np.array([u["kind"] for u in ups])
+    p = np.array([u["p"] if _finite(u.get("p")) else np.nan for u in ups], dtype=float)
+    improved = np.array([_improved(u) for u in ups], dtype=float)
+    out: dict[str, np.ndarray] = {"x": (grid[:-1] + grid[1:]) / 2}
+    n_all = np.bincount(idx[keep], minlength=bins).astype(float)
+    n_rl = np.bincount(idx[keep & (kinds == "rl")], minlength=bins).astype(float)
+    with np.errstate(all="ignore"):
+        out["rl_share"] = np.where(n_all >= MIN_PER_BIN, n_rl / n_all, np.nan)
+        for kind in ("es", "rl"):
+            m = keep & (kinds == kind)
+            n = np.bincount(idx[m], minlength=bins).astype(float)
+            pm = m & np.isfinite(p)
+            out[f"p_{kind}"] = np.where(n >= MIN_PER_BIN, np.bincount(idx[pm], weights=p[pm], minlength=bins) /
+                                        np.bincount(idx[pm], minlength=bins), np.nan)
+            im = m & np.isfinite(improved)
+            out[f"improved_{kind}"] = np.where(n >= MIN_PER_BIN, np.bincount(idx[im], weights=improved[im],
+                                                                             minlength=bins) /
+                                               np.bincount(idx[im], minlength=bins), np.nan)
+            out[f"n_{kind}"] = n
+    return out
+
+
+def _improved(u: dict[str, Any]) -> float:
+    if isinstance(u.get("improved"), bool):
+        return float(u["improved"])
+    if _finite(u.get("f_z")) and _finite(u.get("f_mu")):
+        return float(u["f_z"] > u["f_mu"])
+    return math.nan
+
+
+def _fmt_steps(x: float, _pos=None) -> str:
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:g}M"
+    if abs(x) >= 1e3:
+        return f"{x / 1e3:g}k"
+    return f"{x:g}"
+
+
+def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = None, dpi: int = 110) -> dict[str, Any]:
+    """Write the PNG; returns what was drawn (groups, runs per group, skipped folders with reasons)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    runs, skipped = [], []
+    for f in folders:
+        try:
+            runs.append(load_run(f))
+        except PlotError as exc:
+            skipped.append(str(exc))
+    if not runs:
+        raise PlotError("nothing to plot: " + "; ".join(skipped))
+    groups = group_runs(runs)
+    envs = sorted({str(r.config.get("env_id", "?")) for r in runs})
+
+    fig = plt.figure(figsize=(16, 9.5), dpi=dpi, layout="constrained")
+    gs = fig.add_gridspec(2, 6, height_ratios=[1.25, 1])
+    ax_steps = fig.add_subplot(gs[0, :3])
+    ax_time = fig.add_subplot(gs[0, 3:])
+    ax_share = fig.add_subplot(gs[1, :2])
+    ax_p = fig.add_subplot(gs[1, 2:4])
+    ax_imp = fig.add_subplot(gs[1, 4:])
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    steps_fmt = FuncFormatter(_fmt_steps)
+    longest = max((e.get("elapsed") or 0.0) for r in runs for e in r.evals)
+    t_div, t_unit = (1.0, "seconds") if longest < 180 else (60.0, "minutes") if longest < 3 * 3600 else (3600.0, "hours")
+    empty_axes = {ax_share, ax_p, ax_imp}
+
+    for gi, g in enumerate(groups):
+        c = colors[gi % len(colors)]
+        n = len(g.runs)
+        label = g.label + (f"  (mean ± std, {n} seeds)" if n > 1 else f"  ({g.runs[0].run_id})")
+        for ax, key, scale in ((ax_steps, "steps", 1.0), (ax_time, "elapsed", 1 / t_div)):
+            x, mean, std = group_curve(g, key)
+            if not len(x):
+                continue
+            ax.plot(x * scale, mean, color=c, lw=2, label=label)
+            if n > 1:
+                ax.fill_between(x * scale, mean - std, mean + std, color=c, alpha=0.2, lw=0)
+        st = interaction_stats(g)
+        if not st:
+            continue
+        empty_axes.discard(ax_share)
+        ax_share.plot(st["x"], st["rl_share"], color=c, lw=2, marker="o", ms=3)
+        target = g.runs[0].config.get("rl_ratio")
+        if _finite(target) and g.runs[0].config.get("algo") != "es":
+            ax_share.axhline(target, color=c, ls=":", lw=1.5)
+        for kind, ls in (("rl", "-"), ("es", "--")):
+            if np.isfinite(st[f"p_{kind}"]).any():
+                empty_axes.difference_update({ax_p, ax_imp})
+                ax_p.plot(st["x"], st[f"p_{kind}"], color=c, ls=ls, lw=2, marker="o", ms=3)
+                ax_imp.plot(st["x"], st[f"improved_{kind}"], color=c, ls=ls, lw=2, marker="o", ms=3)
+
+    ax_steps.set(title="f(μ) against stored environment steps", xlabel="stored steps", ylabel="f(μ) (return of the mean)")
+    ax_time.set(title="f(μ) against wall-clock time", xlabel=f"{t_unit} since the run started", ylabel="f(μ)")
+    ax_share.set(title="RL share of applied updates (dotted: target)", xlabel="stored steps",
+                 ylabel="fraction of updates that were RL", ylim=(-0.03, 1.03))
+    ax_p.set(title="mean update ratio p by kind", xlabel="stored steps", ylabel="p (weight of z in the new μ)",
+             ylim=(-0.03, 1.03))
+    ax_imp.set(title="how often each kind beat f(μ)", xlabel="stored steps", ylabel="fraction with f(z) > f(μ)",
+               ylim=(-0.03, 1.03))
+    for ax in (ax_steps, ax_time, ax_share, ax_p, ax_imp):
+        ax.grid(True, alpha=0.3)
+    for ax in (ax_steps, ax_share, ax_p, ax_imp):
+        ax.xaxis.set_major_formatter(steps_fmt)
+    ax_steps.legend(loc="lower right", fontsize=9, framealpha=0.9)
+    for ax in empty_axes:
+        ax.text(0.5, 0.5, f"fewer than {MIN_PER_BIN} updates per bin", transform=ax.transAxes, ha="center",
+                va="center", color="0.4")
+    kind_legend = [Line2D([], [], color="0.3", ls="-", lw=2, label="RL individuals"),
+                   Line2D([], [], color="0.3", ls="--", lw=2, label="ES individuals")]
+    ax_p.legend(handles=kind_legend, loc="best", fontsize=9)
+    ax_imp.legend(handles=kind_legend, loc="best", fontsize=9)
+    fig.suptitle(title or f"{', '.join(envs)}: {len(runs)} run{'s' if len(runs) != 1 else ''}, "
+                 f"{len(groups)} configuration{'s' if len(groups) != 1 else ''}", fontsize=14, fontweight="bold")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return {"groups": {g.label: [r.run_id for r in g.runs] for g in groups}, "skipped": skipped, "out": str(out)}

@@ -1,0 +1,121 @@
+"""`aesrl-queue plot`: grouping of runs by configuration, the binned statistics, and the PNG itself.
+
+Run folders are written here in the format MetricsWriter writes (config.json + metrics.jsonl), so the
+numbers behind each curve are known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+from PIL import Image
+
+from cli.plot import group_curve, group_runs, interaction_stats, load_run
+from tests.conftest import ROOT, child_env
+
+
+def write_run(folder, algo="aesrl", seed=0, n=120, slope=1.0, offset=-1000.0, rl_every=2, mean_rule="baseline-relative",
+              p_rl=0.8, p_es=0.3, dt=0.5):
+    """n updates, 100 stored steps each; f(μ) = offset + slope * steps/100; every rl_every-th update is RL."""
+    folder.mkdir(parents=True)
+    cfg = {"run_id": folder.name, "env_id": "Pendulum-v1", "algo": algo, "seed": seed, "rl_ratio": 0.5,
+           "mean_rule": mean_rule, "total_steps": n * 100, "created_at": 1000.0 + seed}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with open(folder / "metrics.jsonl", "w") as fh:
+        for i in range(1, n + 1):
+            kind = "rl" if rl_every and i % rl_every == 0 else "es"
+            f_mu = offset + slope * i
+            f_z = f_mu + (10.0 if kind == "rl" else -10.0)  # RL always beats f(μ), ES never
+            rec = {"type": "update", "t": 5000.0 + i * dt, "elapsed": i * dt, "steps": i * 100, "interactions": i * 400,
+                   "version": i, "kind": kind, "p": p_rl if kind == "rl" else p_es, "f_z": f_z, "f_mu": f_mu,
+                   "improved": f_z > f_mu, "sigma_mean": 0.03, "sigma_min": 0.01, "sigma_max": 0.05}
+            fh.write(json.dumps(rec) + "\n")
+            fh.write(json.dumps({"type": "mu_eval", "t": 5000.0 + i * dt, "elapsed": i * dt, "steps": i * 100,
+                                 "mu_version": i - 1, "f_mu": f_mu}) + "\n")
+        fh.write('{"type": "update", "steps": 1')  # a line torn by a crash is skipped
+    return folder
+
+
+def test_runs_that_differ_only_by_seed_form_one_group(tmp_path):
+    runs = [load_run(write_run(tmp_path / f"a{s}", seed=s)) for s in (1, 2, 3)]
+    runs += [load_run(write_run(tmp_path / f"e{s}", algo="es", seed=s, rl_every=0)) for s in (1, 2)]
+    runs += [load_run(write_run(tmp_path / "lin", mean_rule="fixed-linear"))]
+    groups = {g.label: sorted(r.run_id for r in g.runs) for g in group_runs(runs)}
+    assert groups == {
+        "aesrl, mean_rule=baseline-relative": ["a1", "a2", "a3"],
+        "es, mean_rule=baseline-relative": ["e1", "e2"],
+        "aesrl, mean_rule=fixed-linear": ["lin"],
+    }
+
+
+def test_group_curve_is_the_mean_and_std_across_seeds(tmp_path):
+    # Two seeds whose f(μ) differ by a constant 100: mean is their midpoint, std is 50 everywhere.
+    a = load_run(write_run(tmp_path / "s1", seed=1, offset=-1000.0))
+    b = load_run(write_run(tmp_path / "s2", seed=2, offset=-900.0))
+    (group,) = group_runs([a, b])
+    x, mean, std = group_curve(group, "steps", bins=12)
+    assert len(x) == 12 and np.all(np.isfinite(mean))
+    # f(μ) is linear in steps, so each bin's mean lies on the midpoint line at the bin's centre
+    # (within half the spacing of the updates, 100 steps = 1 unit of f).
+    np.testing.assert_allclose(mean, -950.0 + x / 100.0, atol=1.0)
+    np.testing.assert_allclose(std, 50.0, atol=1e-9)
+    # Against wall clock the same runs give the same values (one update every 0.5 s).
+    x_t, mean_t, _ = group_curve(group, "elapsed", bins=12)
+    np.testing.assert_allclose(mean_t, -950.0 + x_t / 0.5, atol=1.0)
+
+
+def test_interaction_stats_count_kinds_p_and_improvements(tmp_path):
+    (group,) = group_runs([load_run(write_run(tmp_path / "r", rl_every=4, p_rl=0.9, p_es=0.2))])
+    st = interaction_stats(group, bins=6)
+    np.testing.assert_allclose(st["rl_share"], 0.25, atol=0.06)  # one in four per bin of 20 updates
+    np.testing.assert_allclose(st["p_rl"], 0.9)
+    np.testing.assert_allclose(st["p_es"], 0.2)
+    np.testing.assert_allclose(st["improved_rl"], 1.0)
+    np.testing.assert_allclose(st["improved_es"], 0.0)
+    assert st["n_rl"].sum() + st["n_es"].sum() == 120
+
+
+def test_plot_command_writes_a_readable_png(tmp_path):
+    folders = [write_run(tmp_path / f"aesrl-s{s}", seed=s, slope=3.0 + s) for s in (1, 2)]
+    folders += [write_run(tmp_path / f"es-s{s}", algo="es", seed=s, rl_every=0, slope=1.0 + s) for s in (1, 2)]
+    out = tmp_path / "curves.png"
+    res = subprocess.run([sys.executable, "-m", "cli.main", "plot", *map(str, folders), "-o", str(out)],
+                         capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "aesrl: 2 runs" in res.stdout and "es: 2 runs" in res.stdout, res.stdout
+    img = Image.open(out).convert("RGB")
+    w, h = img.size
+    assert w >= 1200 and h >= 800, img.size
+    px = np.asarray(img).astype(int)
+    # Not blank: many non-white pixels, and curves in colour (not only black axes and text).
+    assert (px.min(axis=2) < 250).mean() > 0.03
+    chroma = px.max(axis=2) - px.min(axis=2)
+    assert (chroma > 60).mean() > 0.005
+    # Every one of the five panels has ink: split the figure into its grid and check each cell.
+    for (y0, y1), cols in (((0.08, 0.52), 2), ((0.58, 0.95), 3)):
+        for c in range(cols):
+            cell = px[int(y0 * h):int(y1 * h), int(c * w / cols):int((c + 1) * w / cols)]
+            assert ((cell.max(axis=2) - cell.min(axis=2)) > 60).mean() > 0.002, (y0, c)
+
+
+def test_plot_refuses_folders_without_metrics(tmp_path):
+    (tmp_path / "empty").mkdir()
+    res = subprocess.run([sys.executable, "-m", "cli.main", "plot", str(tmp_path / "empty"), "-o",
+                          str(tmp_path / "x.png")], capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    assert res.returncode == 1
+    assert "cannot read config.json" in res.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_metrics_without_type_field_are_updates(tmp_path):
+    # Run folders written before records had a "type" (one history entry per line) still plot.
+    d = tmp_path / "old"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"run_id": "old", "algo": "aesrl", "env_id": "Pendulum-v1"}))
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps({"kind": "es", "steps": i * 10, "t": float(i), "p": 0.5,
+                                                           "f_z": -i, "f_mu": -2.0 * i}) for i in range(1, 30)))
+    run = load_run(d)
+    assert len(run.updates) == 29 and len(run.evals) == 29 and run.evals[0]["elapsed"] == 0.0
