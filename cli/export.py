@@ -160,6 +160,10 @@ def record_video(payload: dict[str, Any], actor, video_dir: Path, seed: int) -> 
 
     Raises ExportError with the install command when no writer or renderer is available.
     """
+    import os
+
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # render off-screen, also without a display
     try:
         import imageio.v2 as imageio
     except ImportError:
