@@ -149,7 +149,7 @@ def interaction_stats(group: Group, bins: int = INTERACTION_BINS) -> dict[str, n
     steps = np.array([u["steps"] for u in ups], dtype=float)
     hi = min(max(u["steps"] for u in r.updates) for r in group.runs if r.updates)
     # Short runs get fewer, fuller bins: a point needs MIN_PER_BIN updates of a kind.
-    bins = int(max(2, min(bins, len(ups) // (3 * MIN_PER_BIN))))
+    bins = int(max(2, min(bins, len(ups) // 20)))
     grid = np.linspace(0, max(hi, 1.0), bins + 1)
     idx = np.clip(np.searchsorted(grid, steps, side="right") - 1, 0, bins - 1)
     keep = steps <= grid[-1]
@@ -238,11 +238,12 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
         st = interaction_stats(g)
         if not st:
             continue
-        empty_axes.discard(ax_share)
-        ax_share.plot(st["x"], st["rl_share"], color=c, lw=2, marker="o", ms=3)
         target = g.runs[0].config.get("rl_ratio")
-        if _finite(target) and g.runs[0].config.get("algo") != "es":
-            ax_share.axhline(target, color=c, ls=":", lw=1.5)
+        if g.runs[0].config.get("algo") != "es" and (np.nan_to_num(st["rl_share"]) > 0).any():
+            empty_axes.discard(ax_share)
+            ax_share.plot(st["x"], st["rl_share"], color=c, lw=2, marker="o", ms=3)
+            if _finite(target):
+                ax_share.axhline(target, color=c, ls=":", lw=1.5)
         for kind, ls in (("rl", "-"), ("es", "--")):
             if np.isfinite(st[f"p_{kind}"]).any():
                 empty_axes.difference_update({ax_p, ax_imp})
@@ -263,8 +264,15 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
         ax.xaxis.set_major_formatter(steps_fmt)
     ax_steps.legend(loc="lower right", fontsize=9, framealpha=0.9)
     for ax in empty_axes:
-        ax.text(0.5, 0.5, f"fewer than {MIN_PER_BIN} updates per bin", transform=ax.transAxes, ha="center",
-                va="center", color="0.4")
+        ax.text(0.5, 0.5, "no RL individuals" if ax is ax_share else f"fewer than {MIN_PER_BIN} updates per bin",
+                transform=ax.transAxes, ha="center", va="center", color="0.4")
+    # Runs of very different durations (ES alone vs with a critic) share the time axis on a log scale.
+    durations = [max((e.get("elapsed") or 0.0) for e in r.evals) for r in runs]
+    firsts = [min((e.get("elapsed") or 0.0) for e in r.evals) for r in runs]
+    if min(durations) > 0 and max(durations) / min(durations) > 10 and min(firsts) > 0:
+        ax_time.set_xscale("log")
+        ax_time.set_xlabel(f"{t_unit} since the run started (log scale: run durations differ "
+                           f"{max(durations) / min(durations):.0f}x)")
     kind_legend = [Line2D([], [], color="0.3", ls="-", lw=2, label="RL individuals"),
                    Line2D([], [], color="0.3", ls="--", lw=2, label="ES individuals")]
     ax_p.legend(handles=kind_legend, loc="best", fontsize=9)
