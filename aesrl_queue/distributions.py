@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from aesrl_queue import noise
-from aesrl_queue.rules import MEAN_RULES, VAR_FLOOR, SuccessRule, update_ratio, variance_n, welford_variance
+from aesrl_queue.rules import MEAN_RULES, VAR_FLOOR, SuccessRule, update_ratio, variance_n
 
 DISTRIBUTIONS = ("aesrl", "opo", "acem", "cem")
 AESRL_MEAN_RULES = MEAN_RULES
@@ -103,9 +103,14 @@ class Distribution:
         """The settings (not the state) of this distribution."""
         return {"kind": self.kind, "dim": self.dim, "var_init": self.var_init}
 
-    def state(self) -> dict[str, Any]:
-        """Everything needed to continue after a restart, as plain data (arrays are copies)."""
-        return {"kind": self.kind, "mean": self.mean.copy(), "var": self.var.copy(), "version": self.version}
+    def state(self, arrays: bool = True) -> dict[str, Any]:
+        """Everything needed to continue after a restart, as plain data (arrays are copies).
+
+        arrays=False leaves out mean and var (for callers that store those elsewhere: no copies)."""
+        out = {"kind": self.kind, "version": self.version}
+        if arrays:
+            out.update(mean=self.mean.copy(), var=self.var.copy())
+        return out
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore `state()`; validates everything before changing anything."""
@@ -196,17 +201,42 @@ class AesrlDistribution(AsyncDistribution):
         p = update_ratio(self.mean_rule, f_z, f_mu, r, self.negative_ratio)
         if p == 0.0:
             return p
-        mu_old = self.mean.astype(np.float64)
-        z64 = z.astype(np.float64)
-        mean = (1.0 - p) * mu_old + p * z64
-        if 0.0 <= p <= 1.0:
-            # The exact value lies on [μ, z]; keep float64 rounding from stepping past an end.
-            mean = np.clip(mean, np.minimum(mu_old, z64), np.maximum(mu_old, z64))
-        mean = mean.astype(np.float32)
         n = variance_n(self.var_rule, p, self.fixed_n)
-        var = welford_variance(self.var, z, self.mean, mean, n, self.var_floor) if n > 0 else self.var
+        mean, var = _aesrl_step(self.mean, self.var, z, p, n, self.var_floor)
         self._commit(mean, var)
         return p
+
+
+def _aesrl_step(mu: np.ndarray, var: np.ndarray, z: np.ndarray, p: float, n: float,
+                floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """μ' = (1 − p)·μ + p·z (clipped to [μ, z] when 0 ≤ p ≤ 1) and `rules.welford_variance`, in
+    float64 rounded once to float32: the same numbers as those formulas, bit for bit, computed with
+    in-place operations (this runs once per result in the scheduler; 129k parameters: ~3x faster)."""
+    mu64 = mu.astype(np.float64)
+    z64 = z.astype(np.float64)
+    mean = np.multiply(mu64, 1.0 - p)
+    tmp = np.multiply(z64, p)
+    mean += tmp
+    if 0.0 <= p <= 1.0:
+        # The exact value lies on [μ, z]; keep float64 rounding from stepping past an end.
+        np.minimum(mu64, z64, out=tmp)
+        np.maximum(mean, tmp, out=mean)
+        np.maximum(mu64, z64, out=tmp)
+        np.minimum(mean, tmp, out=mean)
+    mean32 = mean.astype(np.float32)
+    if not n > 0:
+        return mean32, var
+    # var + ((z − μ)·(z − μ') − var)/n, floored
+    diff = np.subtract(z64, mu64, out=mu64)
+    np.subtract(z64, mean32, out=z64)
+    diff *= z64
+    v64 = var.astype(np.float64)
+    diff -= v64
+    diff /= n
+    diff += v64
+    out = diff.astype(np.float32)
+    np.maximum(out, np.float32(floor), out=out)
+    return mean32, out
 
 
 class OpoDistribution(AsyncDistribution):
@@ -256,8 +286,8 @@ class OpoDistribution(AsyncDistribution):
             raise
         return p
 
-    def state(self) -> dict[str, Any]:
-        return super().state() | {"success_history": self.success.state()}
+    def state(self, arrays: bool = True) -> dict[str, Any]:
+        return super().state(arrays) | {"success_history": self.success.state()}
 
     def _check_extra_state(self, state: dict[str, Any]) -> Any:
         history = state.get("success_history")
@@ -330,9 +360,9 @@ class AcemDistribution(AsyncDistribution):
         self.damp = self.tau_per_result * self.damp + (1.0 - self.tau_per_result) * self.damp_limit
         return 1.0 / self.window
 
-    def state(self) -> dict[str, Any]:
+    def state(self, arrays: bool = True) -> dict[str, Any]:
         zs = np.stack([e[0] for e in self._buffer]) if self._buffer else np.zeros((0, self.dim), np.float32)
-        return super().state() | {
+        return super().state(arrays) | {
             "damp": self.damp,
             "buffer_z": zs,
             "buffer_f": [e[1] for e in self._buffer],
@@ -435,8 +465,8 @@ class CemDistribution(Distribution):
         self.version += 1
         self.damp = self.damp_tau * self.damp + (1.0 - self.damp_tau) * self.damp_limit
 
-    def state(self) -> dict[str, Any]:
-        return super().state() | {"damp": self.damp}
+    def state(self, arrays: bool = True) -> dict[str, Any]:
+        return super().state(arrays) | {"damp": self.damp}
 
     def _check_extra_state(self, state: dict[str, Any]) -> Any:
         return _real("state damp", state.get("damp"), nonnegative=True)

@@ -166,17 +166,27 @@ def mirrored(seed: int) -> int:
     return _check_seed(seed) + SEED_LIMIT
 
 
+def job_noise(seed: int, dim: int) -> np.ndarray:
+    """The signed ε of a job seed: ε(seed), or −ε(s) for seed = mirrored(s). Depends on no μ/var,
+    so a scheduler can compute it while the job runs and finish `sample` later with `shift`."""
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and SEED_LIMIT <= seed < 2 * SEED_LIMIT:
+        return np.negative(perturbation(int(seed) - SEED_LIMIT, dim))
+    return perturbation(seed, dim)
+
+
+def shift(mu: np.ndarray, std: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """μ + std·ε in float32 (std = sqrt(var) as float32): the last step of `sample`."""
+    return mu + std * eps.reshape(mu.shape)
+
+
 def sample(mu: np.ndarray, var: np.ndarray, seed: int) -> np.ndarray:
     """z = μ + sqrt(var)·ε(seed) in float32: the only place an individual is built from a seed.
 
-    A seed s + 2**63 (see `mirrored`) gives μ − sqrt(var)·ε(s), so the synchronous CEM loops can
-    hand out antithetic pairs as plain (version, seed) jobs.
+    A seed s + 2**63 (see `mirrored`) gives μ − sqrt(var)·ε(s) (adding −x is subtracting x, bit
+    for bit), so the synchronous CEM loops can hand out antithetic pairs as plain (version, seed) jobs.
     """
     mu32, std = _scale(mu, var)
-    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and SEED_LIMIT <= seed < 2 * SEED_LIMIT:
-        return mu32 - std * perturbation(int(seed) - SEED_LIMIT, mu32.size).reshape(mu32.shape)
-    eps = perturbation(seed, mu32.size).reshape(mu32.shape)
-    return mu32 + std * eps
+    return shift(mu32, std, job_noise(seed, mu32.size))
 
 
 def antithetic_pair(mu: np.ndarray, var: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:

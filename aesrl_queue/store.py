@@ -61,6 +61,38 @@ end
 return id
 """
 
+# The end of a successful job in one round trip: store its episode exactly as _STORE_EPISODE does,
+# count the evaluation-only steps as interactions, then append the result with the counters as
+# they stand after this episode (the scheduler reads steps from results instead of polling).
+# ARGV: capacity, n, extra interactions, results maxlen, number of episode args, episode args...,
+# result args...
+_FINISH_JOB = """
+local n = tonumber(ARGV[2])
+local ne = tonumber(ARGV[5])
+local ep = {}
+for i = 6, 5 + ne do ep[#ep + 1] = ARGV[i] end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ep))
+local steps = redis.call('HINCRBY', KEYS[2], 'steps', n)
+local inter = redis.call('HINCRBY', KEYS[2], 'interactions', n + tonumber(ARGV[3]))
+local held = redis.call('HINCRBY', KEYS[2], 'replay_held', n)
+redis.call('RPUSH', KEYS[3], id .. ' ' .. ARGV[2])
+local cap = tonumber(ARGV[1])
+while held > cap do
+  local head = redis.call('LPOP', KEYS[3])
+  if not head then break end
+  local sp = string.find(head, ' ')
+  redis.call('XDEL', KEYS[1], string.sub(head, 1, sp - 1))
+  held = redis.call('HINCRBY', KEYS[2], 'replay_held', -tonumber(string.sub(head, sp + 1)))
+end
+local res = {}
+for i = 6 + ne, #ARGV do res[#res + 1] = ARGV[i] end
+res[#res + 1] = 'steps'
+res[#res + 1] = steps
+res[#res + 1] = 'interactions'
+res[#res + 1] = inter
+return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', unpack(res))
+"""
+
 
 @dataclass
 class Result:
@@ -84,6 +116,8 @@ class Result:
     duration: float
     train_time: float
     rl_steps: int
+    steps: int = -1  # the run's stored steps right after this job's episode was stored (-1: unknown)
+    interactions: int = -1
 
     @property
     def ok(self) -> bool:
@@ -135,6 +169,8 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         duration=num("duration", float, 0.0),
         train_time=num("train_time", float, 0.0),
         rl_steps=num("rl_steps", int, 0),
+        steps=num("steps", int, -1),
+        interactions=num("interactions", int, -1),
     )
 
 
@@ -147,6 +183,7 @@ class Store:
         self.prefix = f"aesrl:{run_id}:"
         self._config: RunConfig | None = None
         self._store_episode = client.register_script(_STORE_EPISODE)
+        self._finish_job = client.register_script(_FINISH_JOB)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -288,9 +325,7 @@ class Store:
             p.execute()
 
     # -- replay ---------------------------------------------------------------------------------
-    def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0) -> str:
-        """Store one episode's transitions; counts `steps` and trims old episodes, atomically."""
-        cfg = self.config()
+    def _episode_args(self, transitions: dict[str, np.ndarray], job: str) -> tuple[int, list[Any]]:
         n = int(transitions["rew"].shape[0])
         fields: list[Any] = ["len", n, "job", job]
         for name in EPISODE_FIELDS:
@@ -298,6 +333,30 @@ class Store:
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"episode field {name} holds non-finite values; not stored")
             fields += [name, arr.tobytes()]
+        return n, fields
+
+    def finish_job(self, transitions: dict[str, np.ndarray], job: str, result: dict[str, Any],
+                   extra_interactions: int = 0) -> str:
+        """Store the job's episode and append its result (with steps/interactions after it), atomically.
+
+        Returns the result's entry id. Equivalent to append_episode + append_result in one round trip."""
+        cfg = self.config()
+        n, ep = self._episode_args(transitions, job)
+        res: list[Any] = []
+        for k, v in result.items():
+            if k in ("steps", "interactions"):
+                continue
+            res += [k, _fmt(v)]
+        entry = self._finish_job(
+            keys=[self.key("replay"), self.key("state"), self.key("replay:index"), self.key("results")],
+            args=[cfg.replay_capacity, n, int(extra_interactions), cfg.history_max, len(ep), *ep, *res],
+        )
+        return _text(entry)
+
+    def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0) -> str:
+        """Store one episode's transitions; counts `steps` and trims old episodes, atomically."""
+        cfg = self.config()
+        n, fields = self._episode_args(transitions, job)
         entry = self._store_episode(
             keys=[self.key("replay"), self.key("state"), self.key("replay:index")],
             args=[cfg.replay_capacity, n, extra_interactions, *fields],

@@ -398,23 +398,27 @@ class PartTimer:
 
 
 PARTS = (
-    ("rebuild", "rebuild z from (version, seed): DistCache.get + noise.sample"),
+    ("rebuild", "rebuild z: μ_v + σ_v·ε, ε computed at dispatch"),
     ("tell", "dist.tell (mean/var update, float64)"),
     ("encode", "encode μ/var blobs (store.publish_dist into the pipeline)"),
-    ("hmget", "HMGET steps/interactions (a separate round trip)"),
-    ("exec", "MULTI/EXEC: HSET dist:{v} μ/var + state + history XADD"),
-    ("drop", "_drop_unreferenced (HVALS refs + DEL)"),
+    ("hmget", "HMGET steps (only for results without counters)"),
+    ("exec", "MULTI/EXEC: HSET dist:{v} μ/var, state, history, HVALS refs"),
+    ("drop", "_drop_unreferenced (DEL rides on the next EXEC)"),
     ("cache", "DistCache.put (copies μ/var)"),
 )
 
 
 def es_result_fields(cfg: RunConfig, job: str, version: int, seed: int, fitness: float, f_mu: float,
-                     length: int) -> dict[str, Any]:
-    """The fields a worker's ES job writes to the results stream (workers/jobs.py _evaluate)."""
-    return {"job": job, "kind": "es", "version": version, "seed": seed, "worker": "benchhost:12345",
-            "spec_hash": cfg.spec_hash, "rl_steps": 0, "status": "ok", "fitness": fitness, "len": length,
-            "f_mu": f_mu, "f_mu_version": version, "ind": "", "eval_steps": length,
-            "duration": 1.2345678901234567, "train_time": 0.0}
+                     length: int, steps: int = -1) -> dict[str, Any]:
+    """The fields a worker's ES job writes to the results stream (workers/jobs.py _evaluate; the
+    counters `steps`/`interactions` are added by store.finish_job's script)."""
+    out = {"job": job, "kind": "es", "version": version, "seed": seed, "worker": "benchhost:12345",
+           "spec_hash": cfg.spec_hash, "rl_steps": 0, "status": "ok", "fitness": fitness, "len": length,
+           "f_mu": f_mu, "f_mu_version": version, "ind": "", "eval_steps": length,
+           "duration": 1.2345678901234567, "train_time": 0.0}
+    if steps >= 0:
+        out.update(steps=steps, interactions=2 * steps)
+    return out
 
 
 def entry_bytes(fields: dict) -> int:
@@ -434,6 +438,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     store, dim = sched.store, cfg.actor_dim
     rng = np.random.default_rng(0)
     counter = [0]
+    cpu_times: list[float] = []
 
     def one(timer: PartTimer | None) -> float:
         counter[0] += 1
@@ -445,13 +450,18 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
         client.hset(store.key("refs"), job, version)  # what the worker's start-job script records
         # Fitness near f(μ): with r = 2000, p ≈ 0.5 so every apply moves μ (the expensive path).
         store.append_result(es_result_fields(cfg, job, version, seed, float(1000 + 50 * rng.standard_normal()),
-                                             1000.0, 1000), extra_interactions=1000)
+                                             1000.0, 1000, steps=1000 * n), extra_interactions=1000)
         [(entry_id, res, err)] = sched.dispatch.read(sched.last_id, None, blocking)
+        # A real job runs for milliseconds to seconds, long enough for the scheduler's background
+        # thread to finish ε of its seed (noise_ahead); here the result is immediate, so wait for it.
+        sched.dispatch.noise_ahead.wait(job)
         if timer is not None:
             timer.active = True
+        c = time.thread_time()
         t = time.perf_counter()
         sched._apply(entry_id, res, err)
         dt = time.perf_counter() - t
+        cpu_times.append(time.thread_time() - c)
         if timer is not None:
             timer.active = False
         if sched.last_id != entry_id or job in sched.dispatch.inflight:
@@ -461,7 +471,9 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     for _ in range(warm):
         one(None)
     v0 = sched.version
+    cpu_times.clear()
     times = np.array([one(None) for _ in range(n_apply)]) * 1e3
+    cpu = np.array(cpu_times) * 1e3
     moved = sched.version - v0
 
     timer = PartTimer()
@@ -511,6 +523,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     out = {
         "label": label, "hidden": list(hidden), "dim": dim, "n": n_apply, "moved": moved,
         "median_ms": float(np.median(times)), "p99_ms": float(np.percentile(times, 99)),
+        "cpu_median_ms": float(np.median(cpu)),
         "mean_ms": float(times.mean()), "max_ms": float(times.max()),
         "breakdown_mean_ms": {p: float(np.mean(v)) for p, v in parts.items()},
         "breakdown_total_mean_ms": float(np.mean(totals)), "perturbation_ms": perturb_ms,
@@ -668,6 +681,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows.add(f"apply_{lab}_median", f"apply, {a['dim']:,} params: median of {a['n']}", a["median_ms"],
                          "ms", tgt, "target" if tgt else "")
                 rows.add(f"apply_{lab}_p99", f"apply, {a['dim']:,} params: p99", a["p99_ms"], "ms")
+                rows.add(f"apply_{lab}_cpu_median", f"apply, {a['dim']:,} params: scheduler-thread CPU, median",
+                         a["cpu_median_ms"], "ms", tgt, "target" if tgt else "")
             for a in applies:
                 lab, total = a["label"], a["breakdown_total_mean_ms"]
                 rows.add(f"apply_{lab}_part_total", f"apply {lab}: mean, instrumented pass", total, "ms")
@@ -678,7 +693,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rows.add(f"apply_{lab}_part_{part}", f"  {lab} {desc}", v, "ms", total, "share of mean")
                 rows.add(f"apply_{lab}_part_other", f"  {lab} other (σ stats, norm, state fields, pack)",
                          total - named, "ms", total, "share of mean")
-                rows.add(f"apply_{lab}_perturbation", f"  {lab} of rebuild: noise.perturbation alone",
+                rows.add(f"apply_{lab}_perturbation", f"  {lab} ε per ES job, at dispatch on a background thread",
                          a["perturbation_ms"], "ms", total, "share of mean")
 
             phase("apply_done")
@@ -712,7 +727,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 p = a["dim"]
                 rows.add(f"bytes_mu_var_download_{a['label']}", f"μ+var download at job start, {p:,} params",
                          a["mu_bytes"] + a["var_bytes"], "B", 8 * p, "8 x params")
-                rows.add(f"bytes_mu_eval_download_{a['label']}", f"  + current μ again for f(μ) eval, {p:,} params",
+                rows.add(f"bytes_mu_eval_download_{a['label']}", f"  + current μ after training (RL jobs only), {p:,}",
                          a["mu_bytes"], "B", 8 * p, "8 x params")
                 rows.add(f"bytes_dist_publish_{a['label']}", f"scheduler HSET dist:{{v}} per applied result, {p:,}",
                          a["mu_bytes"] + a["var_bytes"], "B", 8 * p, "8 x params")
@@ -732,20 +747,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "start-up and first-job imports are excluded; ours: first..last applied "
         "result (history 't'), workers started and heartbeating before the scheduler starts. Best of the "
         "interleaved repeats for each.",
-        "what our job does that a no-op does not: AesrlWorker heartbeat pipeline per job; Lua start-job "
-        "(HEXISTS inflight, HMGET dist μ+var, 2 HSET); noise.sample of z; one env episode (1 step here); "
-        "Lua XADD of the transitions to replay (+ HINCRBY x3, RPUSH index); Lua read of the current μ and one "
-        "μ evaluation episode; MULTI XADD result + HINCRBY. The scheduler per result: XREAD, _apply (rebuild z, "
-        "tell, HMGET, MULTI/EXEC with HSET dist:{v}, state, history XADD; HVALS refs, DEL), and per fill "
-        "HGET steps/dispatched/critic version + MULTI enqueue.",
+        "what our job does that a no-op does not: Lua start-job (HEXISTS inflight, HMGET dist μ+var, 2 HSET); "
+        "noise.sample of z; one env episode (1 step here) and one μ evaluation episode on the μ read at start; "
+        "one Lua finish-job (XADD transitions to replay, HINCRBY x3, RPUSH index, XADD result with the "
+        "counters). The scheduler per result: XREAD, _apply (z = μ_v + σ_v·ε with ε computed at dispatch on "
+        "a background thread, tell, one MULTI/EXEC with HSET dist:{v}, state, history XADD, HVALS refs, "
+        "deferred DEL), and per fill one MULTI enqueue; steps come from the results, re-read once a second.",
         f"the scheduler runs in a thread of this process (AsyncScheduler.run), workers are "
         f"`{' '.join(['rq', 'worker', '-w', 'workers.AesrlWorker', '-u', 'URL', 'aesrl-rl', 'aesrl-es'])}`; "
         f"with {w} workers and queued_per_worker=1 there are {2 * w} jobs in flight.",
         "apply: one ES job in flight at a time; every result has p ≈ 0.5 (fitness near f(μ), r = 2000) so μ "
         "and var move and a new dist:{v} is published on every apply, the expensive path; breakdown parts "
         "are means of an instrumented second pass (wrappers add ~1 µs per part).",
-        "per job a worker downloads μ+var of its version (8 B/param) and then the current μ again for the "
-        "f(μ) evaluation (4 B/param): 12 B/param in all.",
+        "per ES job a worker downloads μ+var of its version (8 B/param) and evaluates f(μ) on that μ; an RL "
+        "job also reads the current μ after training (4 B/param) and uploads its individual (4 B/param).",
     ]
     info["loadavg_end"] = list(os.getloadavg())
     if info["loadavg_start"][0] > 0.5 * (os.cpu_count() or 1):

@@ -67,6 +67,13 @@ class AsyncScheduler:
         self._fitness_seen: deque = deque(maxlen=1000)
         self._critic_wait_since: float | None = None
         self._kept: set[int] = set()  # superseded versions still in Redis because a job uses them
+        self._to_delete: list[str] = []  # dist:{v} keys found unreferenced, deleted with the next write
+        # Stored steps/interactions as last seen: results carry the counters after their episode
+        # was stored, so the loop needs no read per result; refreshed from Redis when idle.
+        self._steps = 0
+        self._interactions = 0
+        self._counts_read_at = 0.0
+        self._critic_ready = False
 
     # -- set-up and restart ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -96,6 +103,8 @@ class AsyncScheduler:
         self.f_mu = state.get("f_mu", math.nan)
         self.f_mu_version = state.get("f_mu_version", -1)
         self.best = state.get("best_fitness", -math.inf)
+        self._dispatched = int(state.get("dispatched", 0))  # only this loop writes it
+        self._steps, self._interactions = int(state.get("steps", 0)), int(state.get("interactions", 0))
         # The best non-random individual's parameters are kept in `best` for `aesrl-queue export --which best`.
         self.best_kept = float(self.r.hget(store.key("best"), "fitness") or "-inf")
         self.controller = RLController(target=cfg.rl_ratio if uses_rl(cfg) else 0.0, gain=cfg.rl_gain,
@@ -136,7 +145,7 @@ class AsyncScheduler:
                 self.store.set_status("stopped")
                 log.info("run %s: stopped on request; in-flight jobs stay registered for a restart", cfg.run_id)
                 return "stopped"
-            steps = self.store.state_field("steps")
+            steps = self._stored_steps()
             if status == "running" and steps >= cfg.total_steps:
                 status = "draining"
                 drain_started = time.monotonic()
@@ -150,12 +159,29 @@ class AsyncScheduler:
             ):
                 left = list(self.dispatch.inflight)
                 self.dispatch.forget(left)
+                self._flush_deletes()
+                self.dispatch.noise_ahead.close()
                 self.store.set_state(status="finished", finished_at=time.time(), updated_at=time.time())
                 log.info("run %s: finished (%d jobs abandoned at the end)", cfg.run_id, len(left))
                 return "finished"
             for entry_id, res, err in self.dispatch.read(self.last_id, 500, self.rb):
                 self._apply(entry_id, res, err)
             self._replace_lost()
+
+    def _stored_steps(self, max_age: float = 1.0) -> int:
+        """Stored env steps: from the results seen, re-read from Redis at most every `max_age` s."""
+        now = time.monotonic()
+        if now - self._counts_read_at > max_age:
+            steps, inter = self.r.hmget(self.store.key("state"), ["steps", "interactions"])
+            self._steps = max(self._steps, int(steps or 0))
+            self._interactions = max(self._interactions, int(inter or 0))
+            self._counts_read_at = now
+        return self._steps
+
+    def _critic_published(self) -> bool:
+        if not self._critic_ready:
+            self._critic_ready = self.store.critic_version() > 0
+        return self._critic_ready
 
     def _fill(self, steps: int) -> None:
         cfg = self.cfg
@@ -166,8 +192,7 @@ class AsyncScheduler:
         mean_len = (sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens else 1
         if steps + len(self.dispatch.inflight) * mean_len >= cfg.total_steps:
             return
-        critic_version = self.store.critic_version()
-        rl_ready = uses_rl(cfg) and critic_version > 0
+        rl_ready = uses_rl(cfg) and self._critic_published()
         if uses_rl(cfg) and not rl_ready and steps >= cfg.initial_steps:
             # The random phase is over but no critic exists yet: hold new jobs for a while rather
             # than spend the budget on ES alone (a critic daemon needs seconds to start and train).
@@ -178,7 +203,7 @@ class AsyncScheduler:
                          cfg.critic_wait)
             if now - self._critic_wait_since < cfg.critic_wait:
                 return
-        state_n = self.store.state_field("dispatched")
+        state_n = self._dispatched
         specs, incr = [], {"dispatched": 0, "n_rl": 0, "n_es": 0}
         for i in range(want):
             n = state_n + i + 1
@@ -199,6 +224,7 @@ class AsyncScheduler:
                           "random": uses_rl(cfg) and steps < cfg.initial_steps})
             incr["dispatched"] += 1
         self.dispatch.enqueue(specs, incr={k: v for k, v in incr.items() if v})
+        self._dispatched += incr["dispatched"]
 
     def _maybe_warn_no_critic(self, steps: int) -> None:
         if uses_rl(self.cfg) and steps >= self.cfg.initial_steps:
@@ -262,12 +288,19 @@ class AsyncScheduler:
         new_version = self.version + 1 if changed else self.version
         self.recent_lens.append(res.length)
         self.best = max(self.best, res.fitness)
-        sigma = np.sqrt(self.dist.var)
+        if changed:
+            self.dists.put(new_version, self.dist.mean.copy(), self.dist.var.copy())
+        sigma = self.dists.get_std(new_version)[1]
+        self._steps = max(self._steps, res.steps)
+        self._interactions = max(self._interactions, res.interactions)
 
         pipe = self.r.pipeline()
+        if self._to_delete:
+            pipe.delete(*self._to_delete)
+            self._to_delete = []
         if changed:
             self.store.publish_dist(new_version, self.dist.mean, self.dist.var, pipe=pipe)
-            pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state()))
+            pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state(arrays=False)))
         fields = dict(version=new_version, f_mu=self.f_mu, f_mu_version=self.f_mu_version, best_fitness=self.best,
                       last_result_id=entry_id, updated_at=time.time(),
                       recent_lens=codec.pack(list(self.recent_lens)).hex(),
@@ -278,8 +311,10 @@ class AsyncScheduler:
         self.store.incr("results_applied", 1, pipe=pipe)
         self.store.incr(f"{res.kind}_applied", 1, pipe=pipe)
         self.dispatch.forget([res.job], pipe=pipe)
-        steps_now, inter_now = self.r.hmget(self.store.key("state"), ["steps", "interactions"])
-        entry = {"job": res.job, "kind": res.kind, "steps": int(steps_now or 0), "interactions": int(inter_now or 0), "version": new_version, "p": p, "f_z": res.fitness,
+        if res.steps < 0:  # a result from a worker that does not report the counters
+            self._stored_steps(max_age=0.0)
+        entry = {"job": res.job, "kind": res.kind, "steps": self._steps, "interactions": self._interactions,
+                 "version": new_version, "p": p, "f_z": res.fitness,
                  "f_mu": self.f_mu, "len": res.length, "t": time.time(), "worker": res.worker,
                  "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()), "sigma_max": float(sigma.max()),
                  "moved": float(np.linalg.norm(self.dist.mean - mean_before)), "duration": res.duration,
@@ -290,22 +325,33 @@ class AsyncScheduler:
             pipe.hset(self.store.key("best"), mapping={"params": codec.encode_array(z), "fitness": res.fitness,
                                                        "job": res.job, "kind": res.kind, "version": new_version,
                                                        "steps": entry["steps"]})
-        pipe.execute()
+        if changed:
+            pipe.hvals(self.store.key("refs"))
+        replies = pipe.execute()
         self.last_id = entry_id
         if changed:
             self.version = new_version
-            self.dists.put(new_version, self.dist.mean.copy(), self.dist.var.copy())
-            self._drop_unreferenced()
+            self._drop_unreferenced(replies[-1])
 
-    def _drop_unreferenced(self) -> None:
-        """Delete superseded dist:{v} keys that no running job uses (bounded Redis memory)."""
-        refs = {int(v) for v in self.r.hvals(self.store.key("refs")) if v is not None}
+    def _drop_unreferenced(self, ref_values: list | None = None) -> None:
+        """Mark superseded dist:{v} keys that no running job uses for deletion (bounded Redis memory).
+
+        `ref_values` are the values of `refs` read in the same transaction as the new version; the
+        DEL rides on the next write. Safe: a job only ever starts on the current version."""
+        if ref_values is None:
+            ref_values = self.r.hvals(self.store.key("refs"))
+        refs = {int(v) for v in ref_values if v is not None}
         self.dists.prune(self.version, refs)
         self._kept.add(self.version - 1)
         gone = [v for v in self._kept if v not in refs and v != self.version]
         if gone:
-            self.r.delete(*[self.store.key(f"dist:{v}") for v in gone])
+            self._to_delete.extend(self.store.key(f"dist:{v}") for v in gone)
             self._kept.difference_update(gone)
+
+    def _flush_deletes(self) -> None:
+        if self._to_delete:
+            self.r.delete(*self._to_delete)
+            self._to_delete = []
 
     def _replace_lost(self) -> None:
         lost = self.dispatch.find_lost()

@@ -412,3 +412,25 @@ def test_invalid_tell_raises_and_changes_nothing(
     with pytest.raises(ValueError):
         dist.tell(z, f_z, f_mu)
     assert_same(before, snapshot(dist))
+
+
+@pytest.mark.parametrize("dim", [1, 7, 4096, 129306])
+def test_fast_aesrl_step_matches_the_plain_formulas(dim: int) -> None:
+    """The in-place update of AesrlDistribution.tell gives the bits of the documented formulas."""
+    from aesrl_queue.distributions import _aesrl_step
+    from aesrl_queue.rules import welford_variance
+
+    rng = np.random.default_rng(dim)
+    for p, n in [(0.5, 2.0), (0.01, 101.0), (1.0, 0.0), (-0.3, 10.0), (0.999, 1.001), (1.7, 5.0)]:
+        mu = rng.standard_normal(dim).astype(np.float32)
+        var = (rng.random(dim) * 1e-2 + 1e-9).astype(np.float32)
+        z = (mu + rng.standard_normal(dim) * 0.1).astype(np.float32)
+        mu64, z64 = mu.astype(np.float64), z.astype(np.float64)
+        plain = (1.0 - p) * mu64 + p * z64
+        if 0.0 <= p <= 1.0:
+            plain = np.clip(plain, np.minimum(mu64, z64), np.maximum(mu64, z64))
+        plain = plain.astype(np.float32)
+        plain_var = welford_variance(var, z, mu, plain, n, 1e-8) if n > 0 else var
+        fast, fast_var = _aesrl_step(mu, var, z, p, n, 1e-8)
+        assert np.array_equal(fast.view(np.uint32), plain.view(np.uint32)), (p, n)
+        assert np.array_equal(fast_var.view(np.uint32), np.asarray(plain_var).view(np.uint32)), (p, n)

@@ -119,12 +119,10 @@ class AesrlWorker(SimpleWorker):
 
     def perform_job(self, job, queue, execution) -> bool:
         kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
+        # The heartbeat thread publishes this within HEARTBEAT_EVERY; no extra round trip per job
+        # (the scheduler learns that the job started from the job's own start script).
         self._current = {"job": str(kwargs.get("job", job.id)), "kind": str(kwargs.get("kind", "")),
                          "run": str(kwargs.get("run", ""))}
-        try:
-            self._beat()
-        except Exception:
-            pass
         try:
             return super().perform_job(job, queue, execution)
         finally:
