@@ -28,6 +28,7 @@ EXPECTED_ROWS = {
     # 4. bytes per job
     "bytes_es_job_hash_queued", "bytes_es_job_data_field", "bytes_es_result_entry", "bytes_rl_job_hash_queued",
     "bytes_rl_result_entry", "bytes_rl_ind_129k", "bytes_mu_var_download_129k", "bytes_mu_eval_download_129k",
+    "apply_129k_cpu_median",
     # context for the numbers above
     "redis_rtt_hot", "redis_rtt_after_cpu",
 }
