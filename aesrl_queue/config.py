@@ -81,7 +81,8 @@ class RunConfig:
     parallel_critic: bool = False
     # TD3 baseline
     expl_noise: float = 0.1
-    td3_start_steps: int = 10_000
+    td3_start_steps: int = 10_000  # uniform-random env steps before the first TD3 update
+    td3_eval_every: int = 5000  # env steps between evaluations of the deterministic actor (f(μ) of td3)
     # runtime
     job_timeout: int = 900  # seconds RQ lets one job run
     result_ttl: int = 60  # seconds RQ keeps a finished job (results go to our own stream)
@@ -105,6 +106,8 @@ class RunConfig:
         """The preset of `env_id` (DESIGN.md §5) with `overrides` applied on top."""
         values: dict[str, Any] = {"env_id": env_id}
         values.update(preset_for(env_id))
+        # The baselines' own published settings win over the environment preset; options win over both.
+        values.update(ALGO_DEFAULTS.get(overrides.get("algo") or "", {}))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(values)
 
@@ -166,7 +169,7 @@ class RunConfig:
             need(self.run_id not in RESERVED_RUN_IDS, "run_id",
                  f"{self.run_id!r} is reserved (its keys would mix with aesrl:{self.run_id}*)")
         for name in ("total_steps", "batch_size", "rl_steps_window", "rl_steps_max", "critic_chunk",
-                     "replay_capacity", "mean_eval_episodes", "population", "job_timeout", "result_ttl",
+                     "replay_capacity", "mean_eval_episodes", "population", "td3_eval_every", "job_timeout", "result_ttl",
                      "failure_ttl", "history_max"):
             val = getattr(self, name)
             need(isinstance(val, int) and not isinstance(val, bool) and val > 0, name, f"must be a positive integer, got {val!r}")
@@ -243,6 +246,11 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     @property
+    def critic_on_request(self) -> bool:
+        """CEM-RL, and P-CEM-RL without parallel_critic: the critic trains between generations only."""
+        return self.algo == "cemrl" or (self.algo == "pcemrl" and not self.parallel_critic)
+
+    @property
     def fitness_scale(self) -> float | None:
         return None if self.r == "auto" else float(self.r)
 
@@ -273,6 +281,14 @@ _PRESETS: dict[str, dict[str, Any]] = {
                    "mean_eval_episodes": 1},
     "AesrlNaN": {"r": 1.0, "initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16),
                  "mean_eval_episodes": 1},
+}
+# Per-algorithm settings of the official configs (shared/reference, §4.2), applied over the
+# environment preset: TD3 256-256 at lr 3e-4; CEM-RL batch 100; both CEM-RL loops a 10⁶ replay.
+ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "td3": {"hidden": (256, 256), "critic_hidden": (256, 256), "actor_lr": 3e-4, "critic_lr": 3e-4,
+            "batch_size": 256, "replay_capacity": 1_000_000},
+    "cemrl": {"batch_size": 100, "replay_capacity": 1_000_000},
+    "pcemrl": {"batch_size": 256, "replay_capacity": 1_000_000},
 }
 PAPER_ENVS = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer")
 

@@ -71,6 +71,9 @@ def config_options(f):
         click.option("--initial-steps", type=int, default=None, help="Random-action steps before the first RL job."),
         click.option("--hidden", default=None, help="Actor hidden sizes, e.g. 400,300 (preset default)."),
         click.option("--critic-hidden", default=None, help="Critic hidden sizes, e.g. 400,300."),
+        click.option("--parallel-critic/--serial-critic", "parallel_critic", default=None,
+                     help="pcemrl: train the critic in the critic daemon while jobs run (default: serial, "
+                          "between generations)."),
         click.option("--run-id", default=None, help="Name of the run in Redis (default: generated)."),
     ]
     for opt in reversed(opts):

@@ -182,12 +182,18 @@ class CriticDaemon:
                 self.checkpoint()
                 log.info("run %s is %s; critic daemon exits at version %d", cfg.run_id, status, self.version)
                 return status
-            stored = self.store.state_field("steps")
-            chunk = min(cfg.critic_chunk, max(0, stored - self.trained))
+            if cfg.critic_on_request:
+                # Serial CEM-RL / P-CEM-RL: train exactly the steps the scheduler asked for between
+                # generations (state `critic_request`, a total), then idle (docs/decisions.md).
+                limit, smallest, block = self.store.state_field("critic_request"), 1, 200
+            else:
+                limit, smallest, block = self.store.state_field("steps"), min(cfg.critic_chunk, 100), 1000
+            chunk = min(cfg.critic_chunk, max(0, limit - self.trained))
             # Never train ahead of the environment steps stored (one critic step per stored step).
-            if len(self.buffer) < cfg.batch_size or chunk < min(cfg.critic_chunk, 100):
-                self.sync(block_ms=1000)
+            if len(self.buffer) < cfg.batch_size or chunk < smallest:
+                self.sync(block_ms=block)
                 continue
+            self.sync()
             self.refresh_target_policy()
             stats = self.train_chunk(chunk)
             self.publish(stats)

@@ -1,0 +1,331 @@
+"""Every algorithm of the paper end to end on the same runtime: a private Redis, real `rq worker`
+processes, `aesrl-queue scheduler start` / `run`, Pendulum-v1 with tiny networks and small budgets.
+
+Each test checks what distinguishes its algorithm: the asynchronous loops keep every worker busy
+and update after every result, cemrl never has two jobs in flight, pcemrl tells once per whole
+generation and starts the next only after that, es never makes an RL job, td3 makes one update per
+env step after its start steps. The Redis server and two workers are shared by the module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aesrl_queue import noise
+from aesrl_queue.config import RunConfig
+from aesrl_queue.store import Store, decode_result
+from tests.conftest import ROOT, Procs, child_env, wait_for
+
+WORKERS = 2
+TINY = ("--hidden", "16,16", "--critic-hidden", "32,32", "--seed", "5")
+CONFIG = """
+env_id = "Pendulum-v1"
+mean_eval_episodes = 1
+rl_steps_max = 200
+critic_chunk = 200
+critic_wait = 60.0
+population = 4
+td3_start_steps = 400
+td3_eval_every = 400
+"""
+
+
+# -- fast checks of the pieces (no processes) ---------------------------------------------------------
+def test_generation_members_are_plain_version_seed_jobs() -> None:
+    """The sync loop's member seeds rebuild exactly the antithetic rows that CEM's ask() makes."""
+    from scheduler.sync import build_cem, generation_seed
+
+    cfg = RunConfig.from_preset("Pendulum-v1", algo="pcemrl", hidden=(8, 8))
+    dist = build_cem(cfg, np.linspace(-1, 1, 50, dtype=np.float32))
+    seeds, pop = dist.ask(cfg.population, generation_seed(cfg.seed, 3))
+    members = [*seeds[0::2], *[noise.mirrored(s) for s in seeds[0::2]]]
+    rows = [*pop[0::2], *pop[1::2]]
+    for seed, row in zip(members, rows, strict=True):
+        np.testing.assert_array_equal(noise.sample(dist.mean, dist.var, seed), row)
+    assert len(set(members)) == cfg.population
+
+
+def test_which_processes_each_algorithm_needs() -> None:
+    from scheduler.sync import needs_critic_daemon, needs_workers
+
+    def cfg(algo, **kw):
+        return RunConfig.from_preset("Pendulum-v1", algo=algo, **kw)
+
+    assert not needs_critic_daemon(cfg("es")) and needs_workers(cfg("es"))
+    assert not needs_critic_daemon(cfg("aesrl", rl_ratio=0.0))
+    assert not needs_critic_daemon(cfg("td3")) and not needs_workers(cfg("td3"))
+    for algo in ("aesrl", "opo", "acemrl", "cemrl", "pcemrl"):
+        assert needs_critic_daemon(cfg(algo)) and needs_workers(cfg(algo)), algo
+    assert cfg("cemrl").critic_on_request and cfg("pcemrl").critic_on_request
+    assert not cfg("pcemrl", parallel_critic=True).critic_on_request
+
+
+def test_baseline_settings_win_over_the_env_preset_and_lose_to_options() -> None:
+    td3 = RunConfig.from_preset("Pendulum-v1", algo="td3")
+    assert td3.hidden == (256, 256) and td3.actor_lr == 3e-4 and td3.expl_noise == 0.1
+    assert td3.td3_start_steps == 10_000
+    assert RunConfig.from_preset("Pendulum-v1", algo="td3", hidden=(16, 16)).hidden == (16, 16)
+    assert RunConfig.from_preset("Pendulum-v1", algo="cemrl").batch_size == 100
+    assert RunConfig.from_preset("Pendulum-v1", algo="aesrl").hidden == (64, 64)
+
+
+# -- shared processes -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from aesrl_queue.connection import connect
+    from aesrl_queue.redis_server import RedisServer
+
+    base = tmp_path_factory.mktemp("algos")
+    server = RedisServer(directory=base / "redis").start()
+    (base / "logs").mkdir()
+    procs = Procs(base / "logs")
+    for i in range(WORKERS):
+        procs.rq_worker(f"worker-{i}", server.url)
+    cfg_file = base / "tiny.toml"
+    cfg_file.write_text(CONFIG)
+    client = connect(server.url)
+    try:
+        yield {"url": server.url, "client": client, "procs": procs, "config": str(cfg_file), "dir": base}
+    finally:
+        procs.stop_all()
+        client.close()
+        server.cleanup()
+
+
+class Sampler:
+    """Polls a run's in-flight count, steps and status every 50 ms while it runs."""
+
+    def __init__(self, client, run: str) -> None:
+        self.store = Store(client, run)
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        r = self.store.r
+        while not self._stop.is_set():
+            pipe = r.pipeline()
+            pipe.hlen(self.store.key("inflight"))
+            pipe.hmget(self.store.key("state"), ["status", "steps", "rl_applied", "critic_version"])
+            n, (status, steps, rl, critic) = pipe.execute()
+            self.samples.append({"inflight": n, "status": (status or b"").decode(), "steps": int(steps or 0),
+                                 "rl": int(rl or 0), "critic": int(critic or 0)})
+            time.sleep(0.05)
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.samples
+
+
+def run_scheduler(cluster, algo: str, run: str, steps: int, *extra: str, critic: bool = True) -> dict:
+    """Start `scheduler start` (and `critic start`) for one run, watch it, and collect what it left."""
+    procs, client = cluster["procs"], cluster["client"]
+    procs.cli(f"{run}-scheduler", "scheduler", "start", "--redis-url", cluster["url"], "--config", cluster["config"],
+              "--algo", algo, "--run-id", run, "--steps", str(steps), *TINY, *extra)
+    if critic:
+        procs.cli(f"{run}-critic", "critic", "start", "--redis-url", cluster["url"], "--run", run)
+    store = Store(client, run)
+    wait_for(store.exists, 60, what="the run's config", on_fail=procs.logs)
+    sampler = Sampler(client, run)
+    try:
+        wait_for(lambda: store.status() in ("finished", "failed"), 240, interval=0.5, what=f"{algo} to finish",
+                 on_fail=procs.logs)
+    finally:
+        samples = sampler.stop()
+    assert procs.procs[f"{run}-scheduler"].wait(30) == 0, procs.log(f"{run}-scheduler")
+    return collect(client, run, samples)
+
+
+def collect(client, run: str, samples: list[dict] | None = None) -> dict:
+    store = Store(client, run)
+    results = []
+    for entry_id, fields in client.xrange(store.key("results")):
+        res = decode_result(entry_id, fields)
+        end = int(entry_id.split(b"-")[0]) / 1000.0
+        results.append({"res": res, "start": end - res.duration, "end": end})
+    return {"store": store, "state": store.state(), "history": [h for _i, h in store.history()],
+            "results": results, "samples": samples or []}
+
+
+def overlapping(results: list[dict]) -> int:
+    """The number of pairs of jobs whose executions overlapped in time."""
+    spans = sorted((r["start"], r["end"]) for r in results if r["res"].ok)
+    return sum(1 for (_s0, e0), (s1, _e1) in zip(spans, spans[1:]) if s1 < e0 - 0.01)
+
+
+def check_common(out: dict, steps: int) -> None:
+    st, history = out["state"], out["history"]
+    assert st["status"] == "finished" and st["steps"] >= steps, st
+    # Same metrics for every algorithm: f(μ) against stored steps, interactions and wall clock.
+    for h in history:
+        assert {"steps", "interactions", "t", "f_mu", "f_z", "kind", "version"} <= set(h), h
+    steps_seen = [h["steps"] for h in history]
+    assert steps_seen == sorted(steps_seen)
+    assert np.isfinite(history[-1]["f_mu"]), history[-1]
+    assert st["interactions"] > st["steps"]
+
+
+# -- the asynchronous loops -----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["aesrl", "acemrl", "opo"])
+def test_async_algorithms_keep_every_worker_busy_and_update_per_result(cluster, algo) -> None:
+    steps = 3000
+    out = run_scheduler(cluster, algo, f"alg-{algo}", steps, "--initial-steps", "400")
+    check_common(out, steps)
+    st, history = out["state"], out["history"]
+    assert st["rl_applied"] > 0 and st["es_applied"] > 0, st
+    # Every worker busy: at least one job per worker in flight (the loop keeps one running and one
+    # queued per worker), from the moment the first critic lets RL jobs flow until the end of the
+    # budget comes near (then the loop stops starting episodes that would overshoot it).
+    samples = out["samples"]
+    resumed = next(i for i, s in enumerate(samples) if s["critic"] > 0 and s["inflight"] > 0)
+    steady = [s for s in samples[resumed:] if s["status"] == "running" and s["steps"] + 4 * 200 < steps]
+    assert len(steady) >= 5, samples
+    busy = sum(s["inflight"] >= WORKERS for s in steady) / len(steady)
+    assert busy >= 0.8, (busy, [(s["inflight"], s["steps"]) for s in steady])
+    assert overlapping(out["results"]) > 0
+    assert len({r["res"].worker for r in out["results"]}) == WORKERS
+    # One update (one history entry, applied at once) per result, not per generation.
+    assert len(history) == st["results_applied"]
+    changed = [b["version"] > a["version"] for a, b in zip(history, history[1:])]
+    if algo == "acemrl":
+        # The rank window of 10 fills first; from then on every result moves μ and var.
+        assert history[8]["version"] == 0 and all(changed[9:]), [h["version"] for h in history]
+    elif algo == "opo":
+        assert all(changed), [h["version"] for h in history]  # the success rule rescales var every time
+    else:
+        assert sum(changed) >= 0.5 * len(changed), [h["version"] for h in history]
+
+
+@pytest.mark.slow
+def test_es_enqueues_no_rl_job_and_run_starts_no_critic(cluster, tmp_path) -> None:
+    run, steps = "alg-es", 1200
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "run", "--redis-url", cluster["url"], "--config", cluster["config"],
+         "--algo", "es", "--run-id", run, "--steps", str(steps), "--workers", "1", "--out", str(tmp_path), *TINY],
+        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = sorted(p.name for p in (tmp_path / run / "logs").iterdir())
+    assert "critic.log" not in logs and "worker-0.log" in logs, logs
+    out = collect(cluster["client"], run)
+    check_common(out, steps)
+    st = out["state"]
+    assert st["rl_applied"] == 0 and st["n_rl"] == 1 and st["critic_version"] == 0, st  # n_rl starts at 1
+    assert {r["res"].kind for r in out["results"]} == {"es"}
+    assert st["dispatched"] >= st["results_applied"] > 0
+    # Without a critic there is no random phase: the first individuals evaluate their own parameters.
+    assert not any(h["random"] for h in out["history"])
+
+
+# -- the synchronous loops ------------------------------------------------------------------------------
+def generations(history: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for h in history:
+        out.setdefault(h["generation"], []).append(h)
+    return out
+
+
+def check_generations(out: dict, population: int) -> dict[int, list[dict]]:
+    gens = generations(out["history"])
+    st = out["state"]
+    assert len(gens) == st["generation"] >= 3, (len(gens), st)
+    by_job = {r["res"].job: r for r in out["results"]}
+    for g, entries in gens.items():
+        # A generation is told exactly once, with its last member, after all members returned.
+        assert len(entries) == population and sorted(h["member"] for h in entries) == list(range(population))
+        assert [h["told"] for h in entries] == [False] * (population - 1) + [True]
+        assert {h["version"] for h in entries[:-1]} == {g} and entries[-1]["version"] == g + 1
+        for h in entries:
+            assert by_job[h["job"]]["res"].version == g and by_job[h["job"]]["res"].f_mu_version == g
+        if g + 1 in gens:
+            told_at = entries[-1]["t"]
+            last_end = max(by_job[h["job"]]["end"] for h in entries)
+            for h in gens[g + 1]:
+                # Generation g+1 was neither dispatched nor started before g was told.
+                assert h["dispatched_at"] >= told_at - 0.01, (g, h)
+                assert by_job[h["job"]]["start"] >= last_end - 0.05, (g, h, by_job[h["job"]])
+    # Antithetic pairs through the runtime: members i and i + P/2 share one seed, mirrored.
+    for entries in gens.values():
+        seeds = {h["member"]: by_job[h["job"]]["res"].seed for h in entries}
+        half = population // 2
+        assert all(seeds[i + half] == noise.mirrored(seeds[i]) for i in range(half)), seeds
+    # After the random phase, the first half of each generation is RL-trained.
+    last = sorted(gens[max(gens)], key=lambda h: h["member"])
+    assert [h["kind"] for h in last] == ["rl"] * (population // 2) + ["es"] * (population // 2)
+    return gens
+
+
+@pytest.mark.slow
+def test_cemrl_never_has_two_jobs_in_flight(cluster) -> None:
+    steps, population = 2400, 4
+    out = run_scheduler(cluster, "cemrl", "alg-cemrl", steps, "--initial-steps", "600")
+    check_common(out, steps)
+    check_generations(out, population)
+    assert max(s["inflight"] for s in out["samples"]) == 1
+    assert overlapping(out["results"]) == 0, [(r["start"], r["end"]) for r in out["results"]]
+    # The critic trained between generations, on request: the previous generation's steps in all
+    # (the official prev_actor_steps / n_rl before each RL member).
+    st = out["state"]
+    assert st["critic_steps"] == int(st["critic_request"]) > 0, st
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("critic_mode", ["--serial-critic", "--parallel-critic"])
+def test_pcemrl_tells_once_per_generation_behind_a_barrier(cluster, critic_mode) -> None:
+    steps, population = 2400, 4
+    run = f"alg-pcemrl{critic_mode.replace('--', '-').split('-critic')[0]}"
+    out = run_scheduler(cluster, "pcemrl", run, steps, "--initial-steps", "600", critic_mode)
+    check_common(out, steps)
+    gens = check_generations(out, population)
+    # The members of a generation ran on all workers at once.
+    assert max(s["inflight"] for s in out["samples"]) == population
+    assert overlapping(out["results"]) > 0
+    st = out["state"]
+    if critic_mode == "--serial-critic":
+        assert st["critic_steps"] == int(st["critic_request"]) > 0, st
+    else:
+        assert int(out["store"].state_field("critic_request")) == 0 and st["critic_version"] >= 1, st
+    assert len(gens) >= 3
+
+
+# -- TD3 ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_td3_runs_alone_and_updates_once_per_env_step(cluster, tmp_path) -> None:
+    run, steps, start = "alg-td3", 1000, 400
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "run", "--redis-url", cluster["url"], "--config", cluster["config"],
+         "--algo", "td3", "--run-id", run, "--steps", str(steps), "--out", str(tmp_path), *TINY],
+        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = sorted(p.name for p in (tmp_path / run / "logs").iterdir())
+    assert logs == ["scheduler.log"], logs  # no workers, no critic daemon
+    out = collect(cluster["client"], run)
+    check_common(out, steps)
+    st, history = out["state"], out["history"]
+    assert out["results"] == []  # no RQ jobs at all
+    assert int(out["store"].state_field("td3_updates")) == st["steps"] - start == steps - start
+    # Per episode: updates so far = env steps after the start steps.
+    for h in history:
+        assert h["updates"] == max(0, h["steps"] - start), h
+    assert [h["kind"] for h in history] == ["td3"] * (steps // 200)
+    evaluated = [h for h in history if h["evaluated"]]
+    assert len(evaluated) >= 2 and all(np.isfinite(h["f_mu"]) for h in evaluated)
+    # `status` and the run folder work for it like for any run.
+    status = subprocess.run([sys.executable, "-m", "cli.main", "status", "--redis-url", cluster["url"],
+                             "--run", run, "--json"], capture_output=True, text=True, env=child_env(), cwd=ROOT,
+                            timeout=60)
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)
+    assert data["algo"] == "td3" and data["status"] == "finished" and data["steps"] == steps
+    metrics = Path(tmp_path / run / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == len(history)
