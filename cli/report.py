@@ -75,10 +75,13 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         # steps/s of the recent window; 0 once the run has been idle for a while
         out["steps_per_s"] = lens / (t1 - t0) if t1 > t0 and now - t1 < 30 else 0.0
         out["last_p"] = {k: [round(h["p"], 3) for h in hist if h["kind"] == k][-5:] for k in ("es", "rl")}
+        out["rl_share_recent"] = sum(h["kind"] == "rl" for h in hist) / len(hist)
         out["last_update_age"] = now - t1
     else:
         out.update(sigma_mean=None, sigma_min=None, sigma_max=None, f_mu_trend=0.0, f_mu_series=[], f_mu_range=None,
-                   steps_per_s=0.0, last_p={"es": [], "rl": []}, trend_updates=0, last_update_age=None)
+                   steps_per_s=0.0, last_p={"es": [], "rl": []}, trend_updates=0, last_update_age=None,
+                   rl_share_recent=0.0)
+    out["initial_steps"] = cfg.initial_steps
     workers = live_workers(client)
     # Age of the last heartbeat from the key's TTL (Redis's clock), not from the worker's clock.
     names = sorted(workers)

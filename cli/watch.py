@@ -51,8 +51,8 @@ def _ps(values: list[float]) -> str:
 def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> Group:
     """The whole watch screen of one gather() result."""
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(no_wrap=True)
+    grid.add_column(style="bold", no_wrap=True, min_width=8)
+    grid.add_column()  # wraps on a narrow terminal rather than cropping numbers
 
     trend = s.get("f_mu_trend") or 0.0
     t_style = "green" if trend > 0 else "red" if trend < 0 else "dim"
@@ -77,12 +77,16 @@ def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> 
                                         f" {100 * frac:5.1f}%   {_num(s['steps_per_s'], ',.0f')} steps/s   "
                                         f"ETA {eta}   elapsed {_dur(s['elapsed'])}"))
     grid.add_row("", f"interactions {s['interactions']:,} (all env steps, μ evaluations included)")
-    share_style = "green" if abs(s["rl_share"] - s["rl_target"]) <= 0.1 else "yellow"
-    grid.add_row("RL share", Text.assemble((f"{s['rl_share']:.2f}", share_style), f" (target {s['rl_target']:.2f})"
-                                           f"   applied es {s['es_applied']:,}  rl {s['rl_applied']:,}"))
+    recent = s.get("rl_share_recent", 0.0)
+    share_style = "green" if abs(recent - s["rl_target"]) <= 0.15 else "yellow"
+    warmup = (f"   ES only before {s['initial_steps']:,} steps" if s["rl_target"] > 0 and s.get("initial_steps")
+              else "")
+    grid.add_row("RL share", Text.assemble((f"{recent:.2f}", share_style),
+                                           f" (last {s.get('trend_updates', 0)} updates)   {s['rl_share']:.2f} overall"
+                                           f"   target {s['rl_target']:.2f}", (warmup, "dim")))
     grid.add_row("last p", f"es [{_ps(s['last_p']['es'])}]   rl [{_ps(s['last_p']['rl'])}]")
     bad = s["failed"] + s["rejected"]
-    grid.add_row("jobs", Text.assemble(f"in flight {s['inflight']}   ",
+    grid.add_row("jobs", Text.assemble(f"applied es {s['es_applied']:,} rl {s['rl_applied']:,}   in flight {s['inflight']}   ",
                                        (f"failed {s['failed']}   rejected {s['rejected']}", "red" if bad else ""),
                                        f"   replaced {s['replaced']}   stale {s['stale']}"
                                        f"   live workers {len(s['workers'])}"))
