@@ -142,3 +142,19 @@ def test_run_on_a_terminal_shows_a_progress_bar_and_writes_critic_metrics(redis_
 
 def store_state(client, run):
     return Store(client, run).state()
+
+
+def test_scheduler_start_out_writes_the_run_folder_as_it_goes(redis_url, client, procs, tmp_path):
+    run = "sched-out"
+    procs.rq_worker("worker", redis_url)
+    sched = procs.cli("scheduler", "scheduler", "start", "--redis-url", redis_url, "--env", "Pendulum-v1",
+                      "--algo", "es", "--steps", "3000", "--hidden", "8,8", "--run-id", run,
+                      "--out", str(tmp_path / "runs"))
+    assert sched.wait(180) == 0, procs.logs()
+    run_dir = tmp_path / "runs" / run
+    st = Store(client, run).state()
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["type"] == "update" for r in recs) == st["results_applied"] > 0
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
+    assert (run_dir / "policy.npz").is_file() and (run_dir / "config.json").is_file()
+    assert f"run folder {run_dir}" in procs.log("scheduler")
