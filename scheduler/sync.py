@@ -153,6 +153,12 @@ class SyncScheduler:
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> str:
         self.setup()
+        try:
+            return self._loop()
+        finally:
+            self.dispatch.noise_ahead.close()
+
+    def _loop(self) -> str:
         cfg = self.cfg
         while True:
             if self.stop_event.is_set():
