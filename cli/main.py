@@ -251,15 +251,27 @@ def worker_command(url: str, burst: bool = False, name: str | None = None) -> li
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
 @click.option("--processes", "-n", type=int, default=os.cpu_count() or 1, help="Worker processes to start (one per core).")
 @click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
-def worker(redis_url, processes, burst) -> None:
+@click.option("--read-url", envvar="AESRL_READ_URL", default=None,
+              help="A local Redis replica (replicaof the primary) to read μ/var, config, critic and replay "
+                   "from; writes still go to --redis-url. [env: AESRL_READ_URL]")
+def worker(redis_url, processes, burst, read_url) -> None:
     """Start N `rq worker -w workers.AesrlWorker` processes on this machine (a thin wrapper)."""
     from aesrl_queue.connection import resolve_url
 
     if processes < 1:
         fail("processes: must be at least 1")
-    _connect(redis_url)
+    primary = _connect(redis_url)
     url = resolve_url(redis_url)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if read_url:
+        from workers.replica import READ_URL_ENV, ReplicaError, reader_for
+
+        try:
+            reader_for(primary, read_url).check()
+        except (ReplicaError, RedisUnavailable) as exc:
+            fail(f"read-url: {exc}")
+        env[READ_URL_ENV] = read_url
+        click.echo(f"reading run data from replica {redact(read_url)}", err=True)
     procs = [subprocess.Popen(worker_command(url, burst), env=env) for _ in range(processes)]
     click.echo(f"started {processes} workers on {redact(url)}", err=True)
 

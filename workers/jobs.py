@@ -19,7 +19,9 @@ import redis
 
 from aesrl_queue import codec, noise
 from aesrl_queue.codec import CodecError
+from aesrl_queue.config import load_config_blob
 from aesrl_queue.store import Store
+from workers.replica import ReplicaReader, reader_for
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +32,17 @@ ALLOWED_FUNCTIONS = ("workers.jobs.evaluate", "workers.jobs.noop")
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
 # Atomically: check the job is still wanted, read the current μ/var, and record which version
-# this job uses, so the scheduler keeps that version until the result is in.
+# this job uses, so the scheduler keeps that version until the result is in. With ARGV[4] = 'v'
+# (a worker that reads from a replica) it returns the version and the critic's version instead of
+# the blobs: the primary decides which version the job uses, the replica only serves its bytes.
 _START_JOB = """
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return false end
 local v = redis.call('HGET', KEYS[1], 'version')
 if not v then return false end
-local d = redis.call('HMGET', ARGV[3] .. 'dist:' .. v, 'mu', 'var')
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[1], v)
+if ARGV[4] == 'v' then return {v, redis.call('HGET', ARGV[3] .. 'critic', 'version')} end
+local d = redis.call('HMGET', ARGV[3] .. 'dist:' .. v, 'mu', 'var')
 return {v, d[1], d[2]}
 """
 # Read-only: the current version and its μ (for the evaluation of the mean).
@@ -59,6 +64,10 @@ class _RunContext:
         from aesrl_queue.nets import NetSpec
 
         self.store = Store(client, run)
+        # Reads of immutable or versioned data go to a local replica when AESRL_READ_URL names one.
+        self.reader: ReplicaReader | None = reader_for(client)
+        if self.reader is not None:
+            self.store._config = load_config_blob(self.reader.config_blob(self.store.prefix))
         self.cfg = self.store.config()
         cfg = self.cfg
         self.spec = NetSpec(
@@ -73,7 +82,38 @@ class _RunContext:
         self.mirror_last = "0-0"
         self.critic = None
         self.critic_version = -1
+        self.critic_named = 0  # critic version the primary named at the start of the job (replica reads)
         self.touched = time.monotonic()
+
+    def begin(self, job: str, info: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """Start `job` on the primary: (version, μ, var) of the version it uses, None if no longer wanted."""
+        store = self.store
+        keys = [store.key("state"), store.key("inflight"), store.key("started"), store.key("refs")]
+        if self.reader is None:
+            started = self.start_job(keys=keys, args=[job, info, store.prefix])
+            if not started:
+                return None
+            version, mu, var = int(started[0]), started[1], started[2]
+        else:
+            started = self.start_job(keys=keys, args=[job, info, store.prefix, "v"])
+            if not started:
+                return None
+            version = int(started[0])
+            self.critic_named = int(started[1] or 0)
+            mu, var = self.reader.dist(store.prefix, version)
+        n = self.cfg.actor_dim
+        return (version, codec.decode_array(mu, size=n, what=f"dist:{version} mu"),
+                codec.decode_array(var, size=n, what=f"dist:{version} var"))
+
+    def read_current_mu(self) -> tuple[int, np.ndarray] | None:
+        """The current version and its μ (from the replica when there is one: possibly a little older)."""
+        def read(c: redis.Redis):
+            return self.read_mu(keys=[self.store.key("state")], args=[self.store.prefix], client=c)
+
+        got = read(self.store.r) if self.reader is None else self.reader.read(read)
+        if not got or got[1] is None:
+            return None
+        return int(got[0]), codec.decode_array(got[1], size=self.cfg.actor_dim, what="current mu")
 
     # -- replay mirror ----------------------------------------------------------------------------
     def sync_mirror(self, device: str = "cpu") -> int:
@@ -85,7 +125,10 @@ class _RunContext:
                                        device=device, obs_only=True)
         added = 0
         while True:
-            rows = self.store.read_replay(self.mirror_last, count=500)
+            if self.reader is None:
+                rows = self.store.read_replay(self.mirror_last, count=500)
+            else:
+                rows = self.reader.read(lambda c: self.store.read_replay(self.mirror_last, count=500, client=c))
             if not rows:
                 return added
             for entry_id, fields in rows:
@@ -99,11 +142,15 @@ class _RunContext:
                 added += len(ep["obs"])
 
     def load_critic(self, device: str):
-        version = self.store.critic_version()
+        version = self.store.critic_version() if self.reader is None else self.critic_named
         if version <= 0:
             raise JobRejected("no critic has been published yet; RL jobs need one")
         if version != self.critic_version:
-            got = self.store.read_critic()
+            if self.reader is None:
+                got = self.store.read_critic()
+            else:
+                got = self.reader.critic(self.store.prefix, at_least=version)
+                got = (got[0], codec.unpack(got[1], what="critic weights"))
             if got is None:
                 raise JobRejected("critic weights are missing")
             version, weights = got
@@ -218,16 +265,11 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
 
     cfg, store = ctx.cfg, ctx.store
     info = codec.pack({"worker": WORKER_NAME, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
-    started = ctx.start_job(
-        keys=[store.key("state"), store.key("inflight"), store.key("started"), store.key("refs")],
-        args=[base["job"], info, store.prefix],
-    )
-    if not started:
+    started = ctx.begin(base["job"], info)
+    if started is None:
         log.info("job %s is no longer in flight (replaced or run over); skipped", base["job"])
         return {"job": base["job"], "skipped": True}
-    version = int(started[0])
-    mu = codec.decode_array(started[1], size=cfg.actor_dim, what=f"dist:{version} mu")
-    var = codec.decode_array(started[2], size=cfg.actor_dim, what=f"dist:{version} var")
+    version, mu, var = started
     base["version"] = version
     z = noise.sample(mu, var, seed)
 
@@ -267,9 +309,7 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
     if kind == "es":
         got = (version, mu)
     else:
-        got = ctx.read_mu(keys=[store.key("state")], args=[store.prefix])
-        if got and got[1] is not None:
-            got = (int(got[0]), codec.decode_array(got[1], size=cfg.actor_dim, what="current mu"))
+        got = ctx.read_current_mu()
     if got and got[1] is not None:
         f_mu_version = int(got[0])
         ctx.actor.set_params(got[1])

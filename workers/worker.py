@@ -18,7 +18,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
 from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_KEY, WORKER_TTL, WORKERS_KEY
-from workers import jobs
+from workers import jobs, replica
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class AesrlWorker(SimpleWorker):
             self._beat()
         except Exception as exc:
             log.warning("first heartbeat failed: %s", exc)
+        self._check_replica()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="aesrl-heartbeat", daemon=True)
         self._hb_thread.start()
         try:
@@ -116,6 +117,17 @@ class AesrlWorker(SimpleWorker):
                 self.connection.srem(WORKERS_KEY, self.name)
             except Exception:  # Redis gone at shutdown: the key expires on its own
                 pass
+
+    def _check_replica(self) -> None:
+        """Say at start-up whether $AESRL_READ_URL names a replica that jobs can read from."""
+        try:
+            reader = replica.reader_for(self.connection)
+            if reader is not None:
+                info = reader.check()
+                log.info("worker %s reads run data from replica %s (link %s)", self.name,
+                         replica.redact(reader.url), info.get("master_link_status"))
+        except Exception as exc:  # still works: every read falls back to the primary
+            log.warning("worker %s: %s; reads go to the primary when the replica cannot answer", self.name, exc)
 
     def perform_job(self, job, queue, execution) -> bool:
         kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}

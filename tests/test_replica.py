@@ -1,0 +1,208 @@
+"""Read replicas: a primary and a replica on loopback (real redis-servers, real replication).
+
+A job's version is decided on the primary; its bytes come from the replica when the replica has
+them, after a bounded wait when it lags, and from the primary otherwise — never another version.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from aesrl_queue import codec
+from aesrl_queue.config import RunConfig
+from aesrl_queue.connection import connect
+from aesrl_queue.redis_server import RedisServer
+from aesrl_queue.store import Store
+from tests.conftest import ROOT, child_env, wait_for
+from workers import jobs, replica
+
+RUN = "replica-test"
+
+
+@pytest.fixture()
+def pair(tmp_path):
+    """(primary, replica) servers; the replica has finished its first sync."""
+    # No 5 s wait before the first (diskless) full sync.
+    primary = RedisServer(directory=tmp_path / "primary", extra_args=["--repl-diskless-sync-delay", "0"]).start()
+    rep = RedisServer(directory=tmp_path / "replica",
+                      extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    rc = connect(rep.url)
+    wait_for(lambda: rc.info("replication").get("master_link_status") == "up", 20, what="the replica's first sync")
+    rc.close()
+    yield primary, rep
+    rep.cleanup()
+    primary.cleanup()
+
+
+@pytest.fixture()
+def clients(pair):
+    primary, rep = pair
+    p, r = connect(primary.url), connect(rep.url)
+    yield p, r
+    p.close()
+    r.close()
+
+
+def _synced(p, r) -> bool:
+    return r.info("replication").get("master_repl_offset", -1) >= p.info("replication")["master_repl_offset"]
+
+
+def _detach(r) -> None:
+    """Stop the replica from applying the primary's stream: from now on it lags."""
+    r.execute_command("REPLICAOF", "NO", "ONE")
+
+
+def _attach(r, port: int) -> None:
+    r.execute_command("REPLICAOF", "127.0.0.1", str(port))
+
+
+def _run(p, version: int = 4, critic: int = 0) -> tuple[Store, RunConfig]:
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="es", rl_ratio=0.0, hidden=(8, 8), run_id=RUN,
+                                env_kwargs={"episode_len": 5}).resolve()
+    store = Store(p, RUN)
+    assert store.write_config(cfg)
+    _publish(store, cfg, version)
+    if critic:
+        store.publish_critic(critic, {"critic": np.full(10, critic, np.float32)})
+    return store, cfg
+
+
+def _mu(cfg: RunConfig, version: int) -> np.ndarray:
+    return np.full(cfg.actor_dim, float(version), np.float32)
+
+
+def _publish(store: Store, cfg: RunConfig, version: int) -> None:
+    pipe = store.r.pipeline()
+    store.publish_dist(version, _mu(cfg, version), np.full(cfg.actor_dim, 1e-3, np.float32), pipe=pipe)
+    store.set_state(pipe=pipe, version=version)
+    pipe.execute()
+
+
+def _context(p, monkeypatch, url: str, wait_s: float) -> jobs._RunContext:
+    monkeypatch.setenv(replica.READ_URL_ENV, url)
+    monkeypatch.setenv(replica.WAIT_ENV, str(wait_s))
+    replica._READERS.clear()
+    ctx = jobs._RunContext(p, RUN)
+    assert ctx.reader is not None and ctx.reader.wait_s == wait_s
+    return ctx
+
+
+def _begin(ctx: jobs._RunContext, job: str):
+    ctx.store.add_inflight(job, {"kind": "es", "version": 0, "seed": 1})
+    return ctx.begin(job, codec.pack({"worker": "test", "t": time.time()}))
+
+
+def test_reads_come_from_the_replica_when_it_is_in_sync(pair, clients, monkeypatch):
+    p, r = clients
+    store, cfg = _run(p, version=4)
+    wait_for(lambda: _synced(p, r), 10, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=0.5)
+    assert ctx.cfg.spec_hash == cfg.spec_hash  # the config itself came through the replica
+    version, mu, var = _begin(ctx, "j1")
+    assert version == 4 and np.array_equal(mu, _mu(cfg, 4))
+    assert ctx.reader.stats["replica"] == 2 and ctx.reader.stats["primary"] == 0, ctx.reader.stats
+    # The job is registered on the primary with the version it uses (the scheduler keeps it).
+    assert p.hget(store.key("refs"), "j1") == b"4"
+
+
+def test_a_lagging_replica_never_serves_an_older_version(pair, clients, monkeypatch):
+    p, r = clients
+    store, cfg = _run(p, version=4)
+    wait_for(lambda: _synced(p, r), 10, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=0.2)
+    _detach(r)
+    _publish(store, cfg, 5)  # the replica still has version 4 as current and no dist:5
+    assert int(r.hget(store.key("state"), "version")) == 4 and not r.exists(store.key("dist:5"))
+    t0 = time.monotonic()
+    version, mu, _var = _begin(ctx, "j2")
+    waited = time.monotonic() - t0
+    assert version == 5 and np.array_equal(mu, _mu(cfg, 5)), "the job must use the primary's version"
+    assert ctx.reader.stats["primary"] == 1, ctx.reader.stats
+    assert 0.15 <= waited < 5.0, waited  # it waited about wait_s for the replica, then read the primary
+    # The mean evaluated after an RL job is read from the replica: older, but labelled as such.
+    got_version, got_mu = ctx.read_current_mu()
+    assert got_version == 4 and np.array_equal(got_mu, _mu(cfg, 4))
+
+
+def test_a_job_waits_for_its_version_to_reach_the_replica(pair, clients, monkeypatch):
+    p, r = clients
+    store, cfg = _run(p, version=4)
+    wait_for(lambda: _synced(p, r), 10, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=10.0)
+    _detach(r)
+    _publish(store, cfg, 6)
+    # The replica catches up (partial resync) 0.3 s after the job has started waiting.
+    threading.Timer(0.3, _attach, args=(connect(pair[1].url), pair[0].port)).start()
+    version, mu, _var = _begin(ctx, "j3")
+    assert version == 6 and np.array_equal(mu, _mu(cfg, 6))
+    stats = ctx.reader.stats
+    assert stats["waited"] == 1 and stats["primary"] == 0, stats  # served by the replica after a wait
+    assert r.exists(store.key("dist:6"))
+
+
+def test_critic_is_at_least_the_version_the_primary_named(pair, clients, monkeypatch):
+    p, r = clients
+    store, cfg = _run(p, version=1, critic=1)
+    wait_for(lambda: _synced(p, r), 10, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=0.1)
+    _detach(r)
+    store.publish_critic(2, {"critic": np.full(10, 2.0, np.float32)})
+    _begin(ctx, "j4")
+    assert ctx.critic_named == 2
+    version, blob = ctx.reader.critic(store.prefix, at_least=ctx.critic_named)
+    assert version == 2 and codec.unpack(blob)["critic"][0] == 2.0  # not the replica's version 1
+    assert ctx.reader.stats["primary"] >= 1
+
+
+def test_a_dead_replica_falls_back_and_is_bypassed(pair, clients, monkeypatch):
+    p, r = clients
+    store, cfg = _run(p, version=3)
+    wait_for(lambda: _synced(p, r), 10, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=0.1)
+    pair[1].stop(kill=True)
+    for i in range(replica.BYPASS_AFTER + 2):
+        version, mu, _var = _begin(ctx, f"j{10 + i}")
+        assert version == 3 and np.array_equal(mu, _mu(cfg, 3))
+    stats = ctx.reader.stats
+    assert stats["errors"] == replica.BYPASS_AFTER, stats  # then it stops trying for a while
+    assert not ctx.reader.usable()
+
+
+def test_worker_cli_refuses_a_read_url_that_is_not_a_replica(pair):
+    primary, _rep = pair
+    out = subprocess.run([sys.executable, "-m", "cli.main", "worker", "--redis-url", primary.url, "--read-url",
+                          primary.url, "-n", "1"], capture_output=True, text=True, env=child_env(), cwd=ROOT,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "not a replica" in out.stderr and "--replicaof" in out.stderr
+
+
+@pytest.mark.slow
+def test_rq_workers_reading_a_replica_run_a_whole_run(pair, clients, procs, monkeypatch):
+    """Scheduler and results on the primary, one worker reading μ/var from the replica, one not."""
+    primary, rep = pair
+    p, r = clients
+    procs.rq_worker("plain", primary.url)
+    monkeypatch.setenv(replica.READ_URL_ENV, rep.url)
+    procs.rq_worker("replica-reader", primary.url)
+    monkeypatch.delenv(replica.READ_URL_ENV)
+    hits0 = r.info("stats")["keyspace_hits"]
+    procs.cli("scheduler", "scheduler", "start", "--redis-url", primary.url, "--env", "AesrlNull-v0", "--algo", "es",
+              "--run-id", RUN, "--steps", "1500", "--hidden", "8,8")
+    store = Store(p, RUN)
+    wait_for(lambda: store.exists() and store.status() == "finished", 120, interval=0.5,
+             what="the run to finish", on_fail=procs.logs)
+    st = store.state()
+    history = [h for _i, h in store.history()]
+    assert len(history) == st["results_applied"] > 0
+    workers = {h["worker"] for h in history}
+    assert len(workers) == 2, workers  # both workers contributed results
+    # The reading worker's dist:{v} reads were served by the replica.
+    assert r.info("stats")["keyspace_hits"] - hits0 >= 10
+    assert "not a replica" not in procs.log("replica-reader")
