@@ -65,7 +65,7 @@ class Dispatcher:
 
     # -- dispatch --------------------------------------------------------------------------------
     def enqueue(self, specs: list[dict[str, Any]], state_fields: dict[str, Any] | None = None,
-                incr: dict[str, int] | None = None) -> list[str]:
+                incr: dict[str, int] | None = None, pipe=None) -> list[str]:
         """Enqueue jobs described by specs (kind, version, seed, n, rl_steps, random, extra...).
 
         The in-flight entries, counters and RQ jobs go in one MULTI/EXEC, so a crash never leaves
@@ -74,7 +74,9 @@ class Dispatcher:
         if not specs:
             return []
         cfg = self.cfg
-        pipe = self.r.pipeline(transaction=True)
+        own = pipe is None  # else the caller's MULTI/EXEC carries the jobs with its other writes
+        if own:
+            pipe = self.r.pipeline(transaction=True)
         now = time.time()
         by_queue: dict[str, list] = {"rl": [], "es": []}
         ids = []
@@ -102,7 +104,8 @@ class Dispatcher:
             self.store.set_state(pipe=pipe, **state_fields)
         for name, amount in (incr or {}).items():
             self.store.incr(name, amount, pipe=pipe)
-        pipe.execute()
+        if own:
+            pipe.execute()
         for job_id, spec in zip(ids, specs, strict=True):
             if spec["kind"] == "es":
                 self.noise_ahead.submit(job_id, int(spec["seed"]))

@@ -164,8 +164,11 @@ class AsyncScheduler:
                 self.store.set_state(status="finished", finished_at=time.time(), updated_at=time.time())
                 log.info("run %s: finished (%d jobs abandoned at the end)", cfg.run_id, len(left))
                 return "finished"
-            for entry_id, res, err in self.dispatch.read(self.last_id, 500, self.rb):
-                self._apply(entry_id, res, err)
+            batch = self.dispatch.read(self.last_id, 500, self.rb)
+            if batch:
+                # Every result read together is applied in one MULTI/EXEC, with the jobs that refill
+                # the freed slots: one round trip per batch, and μ/var published once per batch.
+                self._apply_batch(batch, refill=status == "running")
             self._replace_lost()
 
     def _stored_steps(self, max_age: float = 1.0) -> int:
@@ -183,7 +186,7 @@ class AsyncScheduler:
             self._critic_ready = self.store.critic_version() > 0
         return self._critic_ready
 
-    def _fill(self, steps: int) -> None:
+    def _fill(self, steps: int, pipe=None) -> None:
         cfg = self.cfg
         want = self.dispatch.target_inflight() - len(self.dispatch.inflight)
         if want <= 0:
@@ -223,7 +226,7 @@ class AsyncScheduler:
             specs.append({"kind": kind, "version": self.version, "seed": seed, "n": n, "rl_steps": rl_steps,
                           "random": uses_rl(cfg) and steps < cfg.initial_steps})
             incr["dispatched"] += 1
-        self.dispatch.enqueue(specs, incr={k: v for k, v in incr.items() if v})
+        self.dispatch.enqueue(specs, incr={k: v for k, v in incr.items() if v}, pipe=pipe)
         self._dispatched += incr["dispatched"]
 
     def _maybe_warn_no_critic(self, steps: int) -> None:
@@ -236,39 +239,64 @@ class AsyncScheduler:
                             self.cfg.run_id)
 
     # -- applying one result -----------------------------------------------------------------------
-    def _skip(self, entry_id: str, counter: str | None, job: str | None, why: str) -> None:
+    def _skip(self, entry_id: str, counter: str | None, job: str | None, why: str, pipe) -> None:
         """Record that an entry was consumed without changing μ/var (still exactly once)."""
-        pipe = self.r.pipeline()
         if counter:
             self.store.incr(counter, 1, pipe=pipe)
         if job:
             self.dispatch.forget([job], pipe=pipe)
         self.store.set_state(pipe=pipe, last_result_id=entry_id, updated_at=time.time())
-        pipe.execute()
         self.last_id = entry_id
         if why:
             log.warning("run %s: %s", self.cfg.run_id, why)
 
     def _apply(self, entry_id: str, res: Result | None, err: str) -> None:
+        """Apply one result on its own (a batch of one, without refilling)."""
+        self._apply_batch([(entry_id, res, err)], refill=False)
+
+    def _apply_batch(self, batch: list[tuple[str, Result | None, str]], refill: bool) -> None:
+        """Apply results in stream order and commit them in one MULTI/EXEC (all or none: a crash
+        before EXEC leaves last_result_id before the batch, and a restart re-applies all of it)."""
+        pipe = self.r.pipeline()
+        if self._to_delete:
+            pipe.delete(*self._to_delete)
+            self._to_delete = []
+        published = self.version
+        for entry_id, res, err in batch:
+            self._apply_one(entry_id, res, err, pipe)
+        refs_at = None
+        if self.version != published:
+            # Only the batch's last version is ever current in Redis, so only it is published.
+            self.store.publish_dist(self.version, self.dist.mean, self.dist.var, pipe=pipe)
+            pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state(arrays=False)))
+            refs_at = len(pipe)
+            pipe.hvals(self.store.key("refs"))
+        if refill and self._steps < self.cfg.total_steps:
+            self._fill(self._steps, pipe=pipe)
+        replies = pipe.execute()
+        if refs_at is not None:
+            self._drop_unreferenced(replies[refs_at], previous=published)
+
+    def _apply_one(self, entry_id: str, res: Result | None, err: str, pipe) -> None:
         cfg = self.cfg
         if res is None:
-            return self._skip(entry_id, "rejected", None, f"malformed result {entry_id} rejected: {err}")
+            return self._skip(entry_id, "rejected", None, f"malformed result {entry_id} rejected: {err}", pipe)
         if res.job not in self.dispatch.inflight:
             return self._skip(entry_id, "stale", None, f"result of {res.job} ({res.kind}) is not in flight "
-                              "(replaced or from an earlier run); dropped")
+                              "(replaced or from an earlier run); dropped", pipe)
         if not res.ok:
             return self._skip(entry_id, "failed", res.job, f"job {res.job} failed on {res.worker}: "
-                              f"{res.error.splitlines()[0] if res.error else '?'}")
+                              f"{res.error.splitlines()[0] if res.error else '?'}", pipe)
         if res.spec_hash != cfg.spec_hash:
             return self._skip(entry_id, "rejected", res.job, f"result of {res.job} has spec_hash {res.spec_hash}, "
-                              f"the run has {cfg.spec_hash}; rejected")
+                              f"the run has {cfg.spec_hash}; rejected", pipe)
         if not finite(res.fitness) or res.length <= 0:
             return self._skip(entry_id, "rejected", res.job, f"result of {res.job} has fitness {res.fitness} "
-                              f"and length {res.length}; rejected")
+                              f"and length {res.length}; rejected", pipe)
         try:
             z = self.dispatch.individual(res, self.dists)
         except CodecError as exc:
-            return self._skip(entry_id, "rejected", res.job, f"individual of {res.job} unusable: {exc}")
+            return self._skip(entry_id, "rejected", res.job, f"individual of {res.job} unusable: {exc}", pipe)
         self.dispatch.note_duration(res.kind, res.duration)
 
         if finite(res.f_mu) and res.f_mu_version >= self.f_mu_version:
@@ -283,7 +311,7 @@ class AsyncScheduler:
         try:
             p = float(self.dist.tell(z, res.fitness, f_mu))
         except ValueError as exc:
-            return self._skip(entry_id, "rejected", res.job, f"tell rejected {res.job}: {exc}")
+            return self._skip(entry_id, "rejected", res.job, f"tell rejected {res.job}: {exc}", pipe)
         changed = self.dist.version != version_before
         new_version = self.version + 1 if changed else self.version
         self.recent_lens.append(res.length)
@@ -294,13 +322,6 @@ class AsyncScheduler:
         self._steps = max(self._steps, res.steps)
         self._interactions = max(self._interactions, res.interactions)
 
-        pipe = self.r.pipeline()
-        if self._to_delete:
-            pipe.delete(*self._to_delete)
-            self._to_delete = []
-        if changed:
-            self.store.publish_dist(new_version, self.dist.mean, self.dist.var, pipe=pipe)
-            pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state(arrays=False)))
         fields = dict(version=new_version, f_mu=self.f_mu, f_mu_version=self.f_mu_version, best_fitness=self.best,
                       last_result_id=entry_id, updated_at=time.time(),
                       recent_lens=codec.pack(list(self.recent_lens)).hex(),
@@ -325,15 +346,10 @@ class AsyncScheduler:
             pipe.hset(self.store.key("best"), mapping={"params": codec.encode_array(z), "fitness": res.fitness,
                                                        "job": res.job, "kind": res.kind, "version": new_version,
                                                        "steps": entry["steps"]})
-        if changed:
-            pipe.hvals(self.store.key("refs"))
-        replies = pipe.execute()
         self.last_id = entry_id
-        if changed:
-            self.version = new_version
-            self._drop_unreferenced(replies[-1])
+        self.version = new_version
 
-    def _drop_unreferenced(self, ref_values: list | None = None) -> None:
+    def _drop_unreferenced(self, ref_values: list | None = None, previous: int | None = None) -> None:
         """Mark superseded dist:{v} keys that no running job uses for deletion (bounded Redis memory).
 
         `ref_values` are the values of `refs` read in the same transaction as the new version; the
@@ -342,7 +358,7 @@ class AsyncScheduler:
             ref_values = self.r.hvals(self.store.key("refs"))
         refs = {int(v) for v in ref_values if v is not None}
         self.dists.prune(self.version, refs)
-        self._kept.add(self.version - 1)
+        self._kept.add(self.version - 1 if previous is None else previous)
         gone = [v for v in self._kept if v not in refs and v != self.version]
         if gone:
             self._to_delete.extend(self.store.key(f"dist:{v}") for v in gone)
