@@ -218,6 +218,19 @@ def _raise_terminated(signum, frame):
     raise Terminated(signal.Signals(signum).name)
 
 
+_DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def poll_metrics(metrics: MetricsWriter) -> None:
+    """One metrics pass with Ctrl-C/SIGTERM held back (delivered right after), so that a signal
+    never leaves a record half-processed: written twice or not at all."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    try:
+        metrics.poll()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
+
+
 def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, start_critic: bool = True,
            tensorboard_dir: str | None = None) -> int:
     from scheduler.sync import needs_critic_daemon, needs_workers
@@ -263,7 +276,7 @@ def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, 
                 if name != "scheduler" and p.poll() is not None and p.returncode not in (0, None):
                     view.say(f"warning: {name} exited with {p.returncode} (see {run_dir / 'logs' / (name + '.log')})")
                     kids.procs.remove((name, p))
-            metrics.poll()
+            poll_metrics(metrics)
             view.update(store.state())
         view.update(store.state(), force=True)
         code = 0 if sched.returncode == 0 else 1

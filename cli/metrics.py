@@ -105,11 +105,11 @@ class MetricsWriter:
         written = 0
         # History first, then results: every applied entry's result is already in the results stream.
         hist = self.store.history(count=max_entries, after=self.history_after)
-        if hist:
-            self.history_after = "(" + hist[-1][0]
         self._read_results(max_entries)
-        for _id, h in hist:
+        for entry_id, h in hist:
             written += self._update(h)
+            # Advance per entry: a signal that interrupts this loop loses no record on the next poll.
+            self.history_after = "(" + entry_id
         st = self.store.state()
         written += self._critic(st)
         if written:
