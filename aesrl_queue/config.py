@@ -85,7 +85,9 @@ class RunConfig:
     td3_eval_every: int = 5000  # env steps between evaluations of the deterministic actor (f(μ) of td3)
     # runtime
     job_timeout: int = 900  # seconds RQ lets one job run
-    result_ttl: int = 60  # seconds RQ keeps a finished job (results go to our own stream)
+    # seconds RQ keeps a finished job (results go to our own stream). Not 0: RQ 3 deletes such a job
+    # and its executions at the end with ~7 more commands per job than letting the key expire.
+    result_ttl: int = 60
     failure_ttl: int = 3600  # seconds RQ keeps a failed job for inspection
     critic_wait: float = 120.0  # seconds to hold jobs after the random phase until a critic exists
     queued_per_worker: int = 1  # jobs waiting in the queue per live worker
@@ -169,11 +171,11 @@ class RunConfig:
             need(self.run_id not in RESERVED_RUN_IDS, "run_id",
                  f"{self.run_id!r} is reserved (its keys would mix with aesrl:{self.run_id}*)")
         for name in ("total_steps", "batch_size", "rl_steps_window", "rl_steps_max", "critic_chunk",
-                     "replay_capacity", "mean_eval_episodes", "population", "td3_eval_every", "job_timeout", "result_ttl",
+                     "replay_capacity", "mean_eval_episodes", "population", "td3_eval_every", "job_timeout",
                      "failure_ttl", "history_max"):
             val = getattr(self, name)
             need(isinstance(val, int) and not isinstance(val, bool) and val > 0, name, f"must be a positive integer, got {val!r}")
-        for name in ("initial_steps", "td3_start_steps", "queued_per_worker", "seed"):
+        for name in ("initial_steps", "td3_start_steps", "queued_per_worker", "seed", "result_ttl"):
             val = getattr(self, name)
             need(isinstance(val, int) and not isinstance(val, bool) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
         for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):
