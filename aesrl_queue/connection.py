@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+import time
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -23,6 +25,34 @@ RETRY_ON = (redis.ConnectionError, redis.TimeoutError, ConnectionResetError, OSE
 
 class RedisUnavailable(RuntimeError):
     """Redis could not be reached; the message says where and what to do."""
+
+
+class _Outage:
+    """One log line when Redis stops answering and one when it answers again, per process.
+
+    redis-py's retries are silent; without this a Redis restart leaves no trace in any log.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.since: float | None = None
+
+    def down(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.since is None:
+                self.since = time.monotonic()
+                log.warning("Redis unreachable (%s); retrying with backoff", exc)
+
+    def up(self) -> None:
+        if self.since is None:  # the common case, without the lock
+            return
+        with self.lock:
+            if self.since is not None:
+                log.warning("Redis reachable again after %.1fs", time.monotonic() - self.since)
+                self.since = None
+
+
+OUTAGE = _Outage()
 
 
 class _Refused(Exception):
@@ -43,14 +73,25 @@ class _Retry(Retry):
     def call_with_retry(self, do, fail, *args, **kwargs):
         def attempt():
             try:
-                return do()
+                out = do()
             except redis.AuthenticationError as exc:
                 raise _Refused(exc) from exc
+            except RETRY_ON as exc:
+                OUTAGE.down(exc)
+                raise
+            OUTAGE.up()
+            return out
 
         try:
             return super().call_with_retry(attempt, fail, *args, **kwargs)
         except _Refused as refused:
             raise refused.error from None
+
+
+def backoff_retry(retries: int = 8) -> Retry:
+    """The retry policy of every client here: exponential backoff 0.1 s .. 2 s (~9 s in all for 8),
+    a log line when Redis stops and starts answering, no retry of refused credentials."""
+    return _Retry(ExponentialBackoff(cap=2.0, base=0.05), retries)
 
 
 def redact(url: str) -> str:
@@ -82,7 +123,7 @@ def connect(
         socket_timeout=None if blocking else 30.0,
         socket_keepalive=True,
         health_check_interval=30,
-        retry=_Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
+        retry=backoff_retry(retries),
         retry_on_error=list(RETRY_ON),
     )
     options.update(kwargs)
@@ -115,3 +156,31 @@ def ping(client: redis.Redis, url: str | None = None) -> None:
                 f"Redis at {where} needs a password: use redis://:PASSWORD@host:port/0 ({exc})"
             ) from None
         raise
+
+
+def wait_until_reachable(client: redis.Redis, what: str, error: BaseException | None = None,
+                         stop_event: threading.Event | None = None, cap: float = 5.0) -> bool:
+    """Block until `client` answers PING again (backoff up to `cap` s); False if `stop_event` was set.
+
+    For loops that outlive a Redis restart: they call this when a command failed even after the
+    client's own retries, then re-read what they need. Refused credentials are raised, not retried.
+    """
+    OUTAGE.down(error or RuntimeError("no answer"))
+    log.warning("%s waits for Redis (retrying every %.0fs at most)", what, cap)
+    delay = 0.25
+    while not (stop_event is not None and stop_event.is_set()):
+        try:
+            client.ping()
+            OUTAGE.up()
+            log.warning("%s resumes", what)
+            return True
+        except redis.AuthenticationError:
+            raise
+        except RETRY_ON:
+            pass
+        if stop_event is not None:
+            stop_event.wait(delay)
+        else:
+            time.sleep(delay)
+        delay = min(cap, delay * 2)
+    return False

@@ -17,6 +17,7 @@ import torch
 
 from aesrl_queue import codec
 from aesrl_queue.codec import CodecError
+from aesrl_queue.connection import wait_until_reachable
 from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.store import Store
 from aesrl_queue.td3 import ReplayBuffer, critic_update, hard_update
@@ -176,6 +177,16 @@ class CriticDaemon:
         self.restore()
         self.sync()
         log.info("critic daemon for run %s on %s: %d transitions mirrored", cfg.run_id, self.device, len(self.buffer))
+        while True:
+            try:
+                return self._loop()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Redis restarting: keep the weights and the mirror in memory and go on when it is back.
+                if not wait_until_reachable(self.r, f"critic daemon of run {cfg.run_id}", exc, self.stop_event):
+                    return "stopped"
+
+    def _loop(self) -> str:
+        cfg = self.cfg
         while not self.stop_event.is_set():
             status = self.store.status()
             if status in DONE_STATUSES:

@@ -13,11 +13,13 @@ import socket
 import threading
 import time
 
+import redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
-from rq.worker import SimpleWorker
+from rq.worker import SimpleWorker, WorkerStatus
 
-from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_KEY, WORKER_TTL, WORKERS_KEY
+from aesrl_queue.connection import backoff_retry, wait_until_reachable
+from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_KEY, WORKER_TTL, WORKERS_KEY, Store
 from workers import jobs, replica
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class AesrlWorker(SimpleWorker):
         if not queues:
             queues = [QUEUE_RL, QUEUE_ES]
         super().__init__(queues, *args, **kwargs)
+        # Ride out a short Redis restart inside a job (~9 s of backoff) instead of failing at once.
+        self.connection.set_retry(backoff_retry())
         _limit_threads()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
@@ -128,6 +132,60 @@ class AesrlWorker(SimpleWorker):
                          replica.redact(reader.url), info.get("master_link_status"))
         except Exception as exc:  # still works: every read falls back to the primary
             log.warning("worker %s: %s; reads go to the primary when the replica cannot answer", self.name, exc)
+
+    # -- Redis outages ------------------------------------------------------------------------------
+    # RQ quits its work loop on any Redis error outside its dequeue. A worker serves for hours and
+    # must outlive a Redis restart: wait for Redis, say so, and tell the scheduler about the job
+    # the outage interrupted so that its slot is refilled at once (not after the job deadline).
+    def execute_job(self, job, queue):
+        try:
+            return super().execute_job(job, queue)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._wait_for_redis(exc, f"worker {self.name} (job {job.id} interrupted)")
+            self._report_interrupted(job, exc)
+            try:
+                self.set_state(WorkerStatus.IDLE)
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+
+    def check_for_suspension(self, burst: bool):
+        try:
+            return super().check_for_suspension(burst)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._wait_for_redis(exc, f"worker {self.name}")
+
+    def run_maintenance_tasks(self):
+        try:
+            return super().run_maintenance_tasks()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._wait_for_redis(exc, f"worker {self.name} (maintenance skipped)")
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        try:
+            return super().heartbeat(timeout, pipeline)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if pipeline is not None:
+                raise
+            self._wait_for_redis(exc, f"worker {self.name}")
+            return super().heartbeat(timeout, pipeline)
+
+    def _wait_for_redis(self, exc: BaseException, what: str) -> None:
+        if not wait_until_reachable(self.connection, what, exc):
+            raise exc
+
+    def _report_interrupted(self, job, exc: BaseException) -> None:
+        kw = job.kwargs if isinstance(job.kwargs, dict) else {}
+        if job.func_name != "workers.jobs.evaluate" or not kw.get("run") or not kw.get("job"):
+            return
+        try:
+            Store(self.connection, str(kw["run"])).append_result({
+                "job": kw["job"], "kind": kw.get("kind", ""), "version": int(kw.get("version", 0)),
+                "seed": int(kw.get("seed", 0)), "spec_hash": kw.get("spec_hash", ""), "worker": self.name,
+                "rl_steps": int(kw.get("rl_steps", 0)), "status": "failed",
+                "error": f"Redis became unreachable during the job: {exc}"[:2000],
+            })
+        except Exception as report_exc:  # the run is gone or unreadable: its scheduler finds the job lost
+            log.warning("could not report the interrupted job %s: %s", job.id, report_exc)
 
     def perform_job(self, job, queue, execution) -> bool:
         kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
