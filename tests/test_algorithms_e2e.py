@@ -160,7 +160,7 @@ def collect(client, run: str, samples: list[dict] | None = None) -> dict:
 def overlapping(results: list[dict]) -> int:
     """The number of pairs of jobs whose executions overlapped in time."""
     spans = sorted((r["start"], r["end"]) for r in results if r["res"].ok)
-    return sum(1 for (_s0, e0), (s1, _e1) in zip(spans, spans[1:]) if s1 < e0 - 0.01)
+    return sum(1 for (_s0, e0), (s1, _e1) in zip(spans, spans[1:], strict=False) if s1 < e0 - 0.01)
 
 
 def check_common(out: dict, steps: int) -> None:
@@ -197,7 +197,7 @@ def test_async_algorithms_keep_every_worker_busy_and_update_per_result(cluster, 
     assert len({r["res"].worker for r in out["results"]}) == WORKERS
     # One update (one history entry, applied at once) per result, not per generation.
     assert len(history) == st["results_applied"]
-    changed = [b["version"] > a["version"] for a, b in zip(history, history[1:])]
+    changed = [b["version"] > a["version"] for a, b in zip(history, history[1:], strict=False)]
     if algo == "acemrl":
         # The rank window of 10 fills first; from then on every result moves μ and var.
         assert history[8]["version"] == 0 and all(changed[9:]), [h["version"] for h in history]
