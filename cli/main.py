@@ -17,6 +17,7 @@ import time
 
 import click
 
+from aesrl_queue.codec import CodecError
 from aesrl_queue.config import ALGOS, MEAN_RULES, VAR_RULES, ConfigError, RunConfig
 from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact
 
@@ -136,7 +137,10 @@ def scheduler_start(redis_url, run, env_id, config_file, out_dir=None, tensorboa
         if not store.exists():
             fail(f"run: no run {run!r} on {redact(redis_url or os.environ.get(ENV_URL, 'the default Redis'))}; "
                  "`aesrl-queue runs` lists them")
-        cfg = store.config()
+        try:
+            cfg = store.config()
+        except CodecError as exc:  # malformed, truncated or planted (a pickle): refuse, never guess
+            fail(f"run: the stored config of {run!r} is unusable: {exc}")
         click.echo(f"resuming run {run} ({cfg.algo} on {cfg.env_id})", err=True)
     else:
         cfg = build_config(env_id, config_file, **kw)
@@ -230,6 +234,8 @@ def critic_start(redis_url, run, device, wait) -> None:
     install_signal_handlers(stop)
     try:
         daemon = CriticDaemon(client, _connect(redis_url, blocking=True), chosen, device=device, stop_event=stop)
+    except CodecError as exc:  # a CodecError is a ValueError too: not a device problem
+        fail(f"run: the stored config of {chosen!r} is unusable: {exc}")
     except ValueError as exc:
         fail(f"device: {exc}")
     click.echo(f"critic daemon for run {chosen} on {daemon.device}", err=True)

@@ -52,7 +52,7 @@ def test_redis_restart_with_aof(tmp_path, procs):
         # A clean restart: SIGTERM (Redis writes and fsyncs the AOF), down for a few seconds, same dir and port.
         server.stop()
         down_at = time.monotonic()
-        time.sleep(4.0)
+        time.sleep(10.0)
         server = RedisServer(port=port, directory=data, appendonly=True, extra_args=AOF_ARGS).start()
         print(f"\nRedis down for {time.monotonic() - down_at:.1f}s")
         client = connect(url)

@@ -14,6 +14,7 @@ import threading
 import time
 
 import redis
+from rq.exceptions import DeserializationError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
@@ -188,7 +189,10 @@ class AesrlWorker(SimpleWorker):
             log.warning("could not report the interrupted job %s: %s", job.id, report_exc)
 
     def perform_job(self, job, queue, execution) -> bool:
-        kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
+        try:
+            kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
+        except DeserializationError:  # not JSON (a planted pickle): RQ fails the job below; we go on
+            kwargs = {}
         # The heartbeat thread publishes this within HEARTBEAT_EVERY; no extra round trip per job
         # (the scheduler learns that the job started from the job's own start script).
         self._current = {"job": str(kwargs.get("job", job.id)), "kind": str(kwargs.get("kind", "")),
