@@ -49,8 +49,9 @@ TARGETS = {"util_async_8_16": 0.95, "async_over_sync_8": 0.85, "reduction_vs_ser
 # length, like HalfCheetah's 1000 steps.
 CASES = {"varying": 0.8, "fixed": 0.0}
 MODES = {
-    "quick": {"workers": (1, 4), "evals": 20, "mean_s": 0.05, "cases": ("varying",)},
-    "full": {"workers": (1, 2, 4, 8, 16, 32), "evals": 160, "mean_s": 0.1, "cases": ("varying", "fixed")},
+    "quick": {"workers": (1, 4), "evals": 20, "per_worker": 5, "mean_s": 0.05, "cases": ("varying",)},
+    "full": {"workers": (1, 2, 4, 8, 16, 32), "evals": 160, "per_worker": 30, "mean_s": 0.25,
+             "cases": ("varying", "fixed")},
 }
 EPISODE_LEN = 10  # steps per simulated episode: the step budget is evals x EPISODE_LEN
 
@@ -110,11 +111,18 @@ def run_one(client: redis.Redis, blocking: redis.Redis, cfg: RunConfig, n_worker
     wall = t_last - t0
     busy = sum(r.duration for _, r in results)
     used = 1 if cfg.algo == "cemrl" else n_workers
+    # Steady state: the middle 80% of the run by result times, so that start-up (imports, first
+    # dispatch) and the drain at the budget (fewer jobs than workers) do not count.
+    ends = sorted(t for t, _ in results)
+    lo, hi = ends[len(ends) // 10], ends[(9 * len(ends)) // 10]
+    inside = sum(max(0.0, min(t, hi) - max(t - r.duration, lo)) for t, r in results)
+    steady = inside / (used * (hi - lo)) if hi > lo else float("nan")
     workers_seen = len({r.worker for _, r in results})
     out = {
         "algo": cfg.algo, "workers": n_workers, "workers_used": used, "workers_seen": workers_seen,
         "evals": len(results), "applied": applied, "wall_s": wall, "busy_s": busy,
-        "utilisation": busy / (used * wall), "s_per_eval": wall / len(results), "status": box.get("status"),
+        "utilisation": busy / (used * wall), "utilisation_steady": steady,
+        "s_per_eval": wall / len(results), "status": box.get("status"),
         "generations": int(state.get("generation", 0) or 0),
     }
     store.delete()
@@ -122,13 +130,13 @@ def run_one(client: redis.Redis, blocking: redis.Redis, cfg: RunConfig, n_worker
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    head = ("case", "algorithm", "W", "evals", "wall s", "s/eval", "util", "vs serial", "async/sync")
-    lines = [" | ".join(f"{h:>10}" for h in head), "-+-".join("-" * 10 for _ in head)]
+    head = ("case", "algorithm", "W", "evals", "wall s", "s/eval", "util", "util steady", "vs serial", "async/sync")
+    lines = [" | ".join(f"{h:>11}" for h in head), "-+-".join("-" * 11 for _ in head)]
     for r in rows:
         cells = (r["case"], r["algo"], r["workers"], r["evals"], f"{r['wall_s']:.2f}", f"{r['s_per_eval']:.3f}",
-                 f"{r['utilisation']:.3f}", f"{r['reduction_vs_serial']:.1%}",
+                 f"{r['utilisation']:.3f}", f"{r['utilisation_steady']:.3f}", f"{r['reduction_vs_serial']:.1%}",
                  f"{r['async_over_sync']:.3f}" if r.get("async_over_sync") is not None else "-")
-        lines.append(" | ".join(f"{c!s:>10}" for c in cells))
+        lines.append(" | ".join(f"{c!s:>11}" for c in cells))
     return "\n".join(lines)
 
 
@@ -169,16 +177,17 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
             for case in mode["cases"]:
                 sigma = CASES[case]
-                timeout = 60 + 6 * evals * mean_s * (1 + 4 * sigma)
                 algos = ("cemrl", "pcemrl", "aesrl") if w == mode["workers"][0] else ("pcemrl", "aesrl")
                 got = {}
+                n_evals = max(evals, mode["per_worker"] * w)  # enough per worker that the edges stay small
+                timeout = 60 + 6 * n_evals * mean_s * (1 + 4 * sigma) / min(w, 10)
                 for algo in algos:
-                    cfg = make_cfg(algo, sigma, mean_s, evals, args.seed)
+                    cfg = make_cfg(algo, sigma, mean_s, n_evals, args.seed)
                     r = run_one(client, blocking, cfg, w if algo != "cemrl" else 1, timeout)
                     r["case"] = case
                     got[algo] = r
                     print(f"  {case:8s} W={w:<3d} {algo:7s} {r['evals']} evals in {r['wall_s']:.2f}s, "
-                          f"utilisation {r['utilisation']:.3f}", flush=True)
+                          f"utilisation {r['utilisation']:.3f} (steady {r['utilisation_steady']:.3f})", flush=True)
                 if "cemrl" in got:
                     serial[case] = got["cemrl"]["s_per_eval"]
                     got["cemrl"]["workers"] = 1
@@ -198,10 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n- wall: from the scheduler's start to its last result; s/eval = wall / evaluations (the budget "
           "can end a synchronous generation early, so compare per evaluation); util = sum of job durations / "
           "(workers used x wall), cemrl uses one worker; vs serial = 1 - (s/eval) / (s/eval of cemrl); "
-          "async/sync = aesrl s/eval / pcemrl s/eval at the same W.")
+          "async/sync = aesrl s/eval / pcemrl s/eval at the same W; util steady = the same over the middle 80% "
+          "of result times (no start-up, no drain). Evaluations per row: max(evals, per-worker x W).")
     print(f"- pcemrl's generation is {RunConfig.from_preset('AesrlSleep-v0').population} individuals: with "
           "more workers than that, the rest idle by construction.")
-    out = {"mode": "quick" if args.quick else "full", "evals": evals, "mean_s": mean_s, "cases": CASES,
+    out = {"mode": "quick" if args.quick else "full", "evals": evals, "per_worker": mode["per_worker"],
+           "mean_s": mean_s, "cases": CASES,
            "targets": TARGETS, "rows": rows, "seconds": time.time() - t_start,
            "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()}}
     for case in mode["cases"]:
@@ -209,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in (8, 16):
             if ("aesrl", w) in by:
                 out.setdefault("checks", {})[f"{case}_util_aesrl_{w}"] = by[("aesrl", w)]["utilisation"]
+                out["checks"][f"{case}_util_steady_aesrl_{w}"] = by[("aesrl", w)]["utilisation_steady"]
         if ("aesrl", 8) in by and ("pcemrl", 8) in by:
             out["checks"][f"{case}_async_over_sync_8"] = by[("aesrl", 8)]["async_over_sync"]
             out["checks"][f"{case}_reduction_vs_serial_8"] = by[("aesrl", 8)]["reduction_vs_serial"]
