@@ -1,0 +1,416 @@
+"""How far one scheduler and one Redis primary carry a run: 8 → 256 simulated workers, with and without replicas.
+
+A simulated worker is a real AesrlWorker (RQ's own dequeue and bookkeeping, heartbeats) in a thread;
+its job does every Redis call of an ES job (the start script, μ/var download — from a replica when
+one is given —, an episode of HalfCheetah's size stored, the result) and sleeps instead of
+computing, so that many fit on a small machine. The scheduler is the real `aesrl-queue scheduler
+start` on a 129k-parameter actor. Per point: results/s applied, CPU of scheduler, Redis, replicas
+and workers, and the primary's network bytes. Prints a table, writes bench/results/scale.json.
+
+Usage: python bench/scale.py [--quick] [--workers 8,16,...] [--episode-s 1.0] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import redis  # noqa: E402
+from rq.job import Job  # noqa: E402
+from rq.timeouts import BaseDeathPenalty  # noqa: E402
+
+from aesrl_queue import codec  # noqa: E402
+from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
+from aesrl_queue.store import Store, live_workers  # noqa: E402
+from bench.overhead import Children, proc_cpu_s  # noqa: E402
+
+DEFAULT_OUT = ROOT / "bench" / "results" / "scale.json"
+# obs 3 (AesrlSleep-v0), act 1: 3·423+423 + 423·300+300 + 300+1 = 129,193 parameters, the size of
+# HalfCheetah's 400-300 actor (129,306): μ and var are 1.03 MB per version.
+HIDDEN = (423, 300)
+# The stored episode has HalfCheetah's shapes (obs 17, act 6, 1000 steps: 168 KB), although the
+# simulated environment is AesrlSleep-v0: what matters to Redis is the bytes.
+EP_OBS, EP_ACT = 17, 6
+MODES = {
+    #        worker counts,                      replica points,  warm-up s, window s
+    "quick": {"workers": (8, 32, 128), "replicas": (128,), "warm": 1.0, "window": 3.0},
+    "full": {"workers": (8, 16, 32, 64, 128, 256), "replicas": (32, 64, 128, 256), "warm": 4.0, "window": 10.0},
+}
+KNEE_EFFICIENCY = 0.8  # the knee: the first point below 80% of the ideal W / job seconds
+GBE_MBPS = 117.0  # what one 1 Gbit/s link carries in TCP payload, MB/s
+
+
+# == simulated worker host (a child process: `scale.py _host ...`) =========================================
+class NoDeathPenalty(BaseDeathPenalty):
+    """RQ's SIGALRM timeout cannot run outside the main thread; a 1-second sleep needs none."""
+
+    def setup_death_penalty(self) -> None:
+        pass
+
+    def cancel_death_penalty(self) -> None:
+        pass
+
+
+_EPISODE: dict[str, np.ndarray] = {}
+
+
+def _episode(length: int) -> dict[str, np.ndarray]:
+    if not _EPISODE:
+        rng = np.random.default_rng(0)
+        _EPISODE.update(obs=rng.standard_normal((length, EP_OBS), np.float32),
+                        act=rng.uniform(-1, 1, (length, EP_ACT)).astype(np.float32),
+                        rew=rng.standard_normal(length).astype(np.float32),
+                        next_obs=rng.standard_normal((length, EP_OBS), np.float32),
+                        done=np.zeros(length, np.float32))
+    return _EPISODE
+
+
+def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, run: str, job: str, kind: str,
+                       version: int, seed: int, spec_hash: str, rl_steps: int = 0,
+                       random_actions: bool = False) -> dict[str, Any]:
+    """An ES job's Redis traffic (workers.jobs) with a sleep where the episodes would run."""
+    from workers import jobs
+
+    t0 = time.monotonic()
+    ctx = jobs._context(client, run)
+    info = codec.pack({"worker": threading.current_thread().name, "t": time.time()})
+    started = ctx.begin(job, info)  # the start script; μ/var from the replica or the primary
+    if started is None:
+        return {"job": job, "skipped": True}
+    version, _mu, _var = started
+    rng = np.random.default_rng(seed)
+    time.sleep(episode_s * float(rng.uniform(0.8, 1.2)))
+    # A fitness around a fixed level: baseline-relative then moves μ for ~83% of the results.
+    fields = {"job": job, "kind": kind, "version": version, "seed": seed, "worker": threading.current_thread().name,
+              "spec_hash": spec_hash, "rl_steps": rl_steps, "status": "ok", "fitness": float(rng.standard_normal()),
+              "len": episode_len, "f_mu": float(0.25 * rng.standard_normal()), "f_mu_version": version, "ind": "",
+              "eval_steps": 0, "duration": time.monotonic() - t0, "train_time": 0.0}
+    ctx.store.finish_job(_episode(episode_len), job, fields)
+    return {"job": job}
+
+
+class SimJob(Job):
+    """Runs the simulated job in place of workers.jobs.evaluate (and nothing else)."""
+
+    sim = (1.0, 1000)
+
+    @property
+    def func(self):
+        if self.func_name != "workers.jobs.evaluate":
+            raise PermissionError(f"refusing to run {self.func_name!r}")
+        return functools.partial(simulated_evaluate, self.connection, *SimJob.sim)
+
+
+def host_main(args: argparse.Namespace) -> None:
+    """One simulated host: `--threads` AesrlWorkers in threads of this process."""
+    import workers.worker as ww
+
+    ww._limit_threads = lambda: None  # the simulated job never runs torch
+    import aesrl_queue.nets  # noqa: F401 - imported by the first job otherwise (torch: seconds of CPU)
+    if args.read_url:
+        os.environ["AESRL_READ_URL"] = args.read_url
+    SimJob.sim = (args.episode_s, args.episode_len)
+
+    class SimWorker(ww.AesrlWorker):
+        death_penalty_class = NoDeathPenalty
+
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k)
+            self.job_class = SimJob
+            for q in self.queues:
+                q.job_class = SimJob
+
+        def _install_signal_handlers(self) -> None:  # only the main thread may; it exits on SIGTERM
+            pass
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for i in range(args.threads):
+        name = f"{args.prefix}-w{i}"
+        conn = redis.Redis.from_url(args.url, socket_connect_timeout=5, socket_keepalive=True)
+        w = SimWorker(connection=conn, name=name)
+        threading.Thread(target=w.work, kwargs={"logging_level": "WARNING"}, name=name, daemon=True).start()
+    while True:
+        time.sleep(3600)
+
+
+# == measurement ============================================================================================
+def box_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def net_bytes(client: redis.Redis) -> dict[str, int]:
+    s = client.info("stats")
+    return {"in": int(s["total_net_input_bytes"]), "out": int(s["total_net_output_bytes"]),
+            "repl_out": int(s.get("total_net_repl_output_bytes", 0))}
+
+
+class Point:
+    """One scale point: a fresh primary (+ replicas), hosts of simulated workers, a scheduler."""
+
+    def __init__(self, workers: int, replicas: bool, args: argparse.Namespace, tmp: Path) -> None:
+        self.n, self.replicas, self.args = workers, replicas, args
+        self.tmp = tmp / f"w{workers}-{'rep' if replicas else 'plain'}"
+        self.tmp.mkdir(parents=True)
+        self.kids = Children(self.tmp)
+        self.servers: list[RedisServer] = []
+
+    def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.kids.kill_all()
+            for s in self.servers:
+                s.cleanup()
+
+    def _run(self) -> dict[str, Any]:
+        args = self.args
+        primary = RedisServer(directory=self.tmp / "primary", extra_args=[
+            "--repl-diskless-sync-delay", "0", "--repl-backlog-size", "256mb",
+            "--client-output-buffer-limit", "replica 1gb 512mb 60", "--maxclients", "20000"]).start()
+        self.servers.append(primary)
+        client = redis.Redis.from_url(primary.url, socket_timeout=30)
+        n_hosts = max(1, math.ceil(self.n / args.per_host))
+        sizes = [self.n // n_hosts + (1 if h < self.n % n_hosts else 0) for h in range(n_hosts)]
+        reps: list[RedisServer] = []
+        if self.replicas:
+            for h in range(n_hosts):
+                rep = RedisServer(directory=self.tmp / f"replica{h}",
+                                  extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+                self.servers.append(rep)
+                reps.append(rep)
+        hosts = []
+        for h, size in enumerate(sizes):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "_host", "--url", primary.url, "--threads", str(size),
+                   "--prefix", f"h{h}", "--episode-s", str(args.episode_s), "--episode-len", str(args.episode_len)]
+            if reps:
+                cmd += ["--read-url", reps[h].url]
+            hosts.append(self.kids.start(f"host{h}", cmd))
+        # The scheduler starts beside them: it sizes the jobs in flight by the heartbeats it sees.
+        run_id = f"scale-{self.n}-{uuid.uuid4().hex[:6]}"
+        cfg_file = self.tmp / "run.json"
+        cfg_file.write_text(json.dumps({
+            "env_id": "AesrlSleep-v0", "algo": "aesrl", "rl_ratio": 0.0, "hidden": list(HIDDEN), "r": 1.0,
+            "env_kwargs": {"episode_len": args.episode_len, "mean_s": args.episode_s}, "total_steps": 10**12,
+            "mean_eval_episodes": 1,
+        }))
+        sched = self.kids.start("scheduler", [sys.executable, "-m", "cli.main", "--log-level", "WARNING",
+                                              "scheduler", "start", "--redis-url", primary.url, "--config",
+                                              str(cfg_file), "--run-id", run_id])
+        deadline = time.monotonic() + 60 + self.n / 4
+        while len(live_workers(client)) < self.n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.n} simulated workers did not heartbeat:\n{self.kids.log_tail('host0')}")
+            time.sleep(0.2)
+        for rep in reps:
+            rc = redis.Redis.from_url(rep.url)
+            while rc.info("replication").get("master_link_status") != "up":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("a replica did not sync")
+                time.sleep(0.1)
+        store = Store(client, run_id)
+        # Warm-up: about one job per worker (each builds its run context on its first), then warm seconds.
+        deadline = time.monotonic() + 60 + 5 * args.episode_s + self.n / 10
+        while not store.exists() or store.state_field("results_applied") < self.n:
+            if sched.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the scheduler stopped or stalled:\n{self.kids.log_tail('scheduler')}")
+            time.sleep(0.1)
+        time.sleep(args.warm)
+
+        rep_clients = [redis.Redis.from_url(r.url) for r in reps]
+
+        def snap() -> dict[str, Any]:
+            st = store.state()
+            rep_stats = [c.info("stats") for c in rep_clients]
+            return {"t": time.monotonic(), "applied": st["results_applied"], "version": st["version"],
+                    "sched": proc_cpu_s(sched.pid), "redis": proc_cpu_s(primary.proc.pid),
+                    "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps),
+                    "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(), "net": net_bytes(client),
+                    "cmds": int(client.info("stats")["total_commands_processed"]),
+                    "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
+                    "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats)}
+
+        a = snap()
+        time.sleep(args.window)
+        b = snap()
+        if sched.poll() is not None:
+            raise RuntimeError(f"the scheduler exited during the window:\n{self.kids.log_tail('scheduler')}")
+        dt = b["t"] - a["t"]
+        applied = b["applied"] - a["applied"]
+        hist = store.recent_history(count=max(1, applied))
+        durations = sorted(float(h.get("duration", 0.0)) for h in hist)
+        net = {k: (b["net"][k] - a["net"][k]) for k in a["net"]}
+        rate = applied / dt
+        ideal = self.n / args.episode_s
+        per = max(1, applied)
+        return {
+            "workers": self.n, "replicas": len(reps), "hosts": n_hosts, "results_per_s": rate, "ideal_per_s": ideal,
+            "efficiency": rate / ideal, "versions_per_result": (b["version"] - a["version"]) / per,
+            "job_s_median": durations[len(durations) // 2] if durations else math.nan,
+            "scheduler_cores": (b["sched"] - a["sched"]) / dt, "redis_cores": (b["redis"] - a["redis"]) / dt,
+            "replica_cores": (b["replicas"] - a["replicas"]) / dt, "worker_cores": (b["hosts"] - a["hosts"]) / dt,
+            "box_cores": (b["box"] - a["box"]) / dt,
+            "scheduler_ms_per_result": 1e3 * (b["sched"] - a["sched"]) / per,
+            "redis_ms_per_result": 1e3 * (b["redis"] - a["redis"]) / per,
+            "net_in_MBps": net["in"] / dt / 1e6, "net_out_MBps": net["out"] / dt / 1e6,
+            "net_repl_out_MBps": net["repl_out"] / dt / 1e6,
+            "out_MB_per_result": net["out"] / per / 1e6, "in_MB_per_result": net["in"] / per / 1e6,
+            "redis_cmds_per_result": (b["cmds"] - a["cmds"]) / per, "window_s": dt, "applied": applied,
+            # Replica reads that found their key / polls that did not yet (a job waiting for its version).
+            "replica_hits_per_result": (b["rep_hits"] - a["rep_hits"]) / per,
+            "replica_misses_per_result": (b["rep_misses"] - a["rep_misses"]) / per,
+        }
+
+
+# == report =================================================================================================
+COLUMNS = (
+    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("results_per_s", "results/s", "{:.1f}"),
+    ("efficiency", "of ideal", "{:.0%}"), ("scheduler_cores", "sched cores", "{:.2f}"),
+    ("redis_cores", "redis cores", "{:.2f}"), ("replica_cores", "repl cores", "{:.2f}"),
+    ("worker_cores", "worker cores", "{:.2f}"), ("box_cores", "box cores", "{:.2f}"),
+    ("net_out_MBps", "out MB/s", "{:.1f}"), ("net_in_MBps", "in MB/s", "{:.1f}"),
+    ("out_MB_per_result", "out MB/res", "{:.2f}"), ("scheduler_ms_per_result", "sched ms/res", "{:.2f}"),
+    ("redis_ms_per_result", "redis ms/res", "{:.2f}"), ("job_s_median", "job s", "{:.2f}"),
+)
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    head = [c[1] for c in COLUMNS]
+    body = [[fmt.format(r[k]) if isinstance(r.get(k), int | float) and math.isfinite(r[k]) else "-"
+             for k, _h, fmt in COLUMNS] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    lines = [" | ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)), "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def find_knee(rows: list[dict[str, Any]], cores: int) -> dict[str, Any]:
+    """The first point (no replicas) below KNEE_EFFICIENCY of ideal, what ran out there, and the
+    ceiling of each part were it on a machine of its own (from the busiest point's costs per result)."""
+    plain = [r for r in rows if r["replicas"] == 0]
+    if not plain:
+        return {"workers": None, "bottleneck": "no points without replicas", "why": "", "ceilings": {}}
+    best = max(plain, key=lambda r: r["results_per_s"])
+    # One core each: the scheduler's loop and Redis's command thread are single-threaded.
+    ceilings = {"scheduler (1 core)": 1e3 / max(1e-9, best["scheduler_ms_per_result"]),
+                "redis primary (1 core)": 1e3 / max(1e-9, best["redis_ms_per_result"]),
+                "primary's 1 GbE link": GBE_MBPS / max(1e-9, best["out_MB_per_result"], best["in_MB_per_result"])}
+    first = min(ceilings, key=ceilings.get)
+    out = {"peak_results_per_s": best["results_per_s"], "peak_at_workers": best["workers"], "ceilings": ceilings,
+           "first_limit_on_own_machines": first}
+    knee = next((r for r in plain if r["efficiency"] < KNEE_EFFICIENCY), None)
+    if knee is None:
+        return {**out, "workers": None, "bottleneck": "none reached",
+                "why": f"every point kept ≥{KNEE_EFFICIENCY:.0%} of the ideal W/job-seconds"}
+    ours = {"scheduler": knee["scheduler_cores"], "redis": knee["redis_cores"],
+            "simulated workers": knee["worker_cores"]}
+    if knee["box_cores"] >= 0.9 * cores:
+        biggest = max(ours, key=ours.get)
+        others = knee["box_cores"] - sum(ours.values()) - knee["replica_cores"]
+        name = f"this machine's {cores} CPU cores"
+        why = (f"{knee['box_cores']:.2f} of {cores} cores busy at {knee['workers']} workers: scheduler "
+               f"{ours['scheduler']:.2f}, Redis {ours['redis']:.2f}, simulated workers {ours['simulated workers']:.2f}, "
+               f"other processes {max(0.0, others):.2f}; the largest of ours is the {biggest}")
+    elif knee["scheduler_cores"] >= 0.85:
+        name, why = "scheduler", f"the scheduler used {knee['scheduler_cores']:.2f} cores (one loop thread)"
+    elif knee["redis_cores"] >= 0.85:
+        name, why = "redis", f"Redis used {knee['redis_cores']:.2f} cores (one command thread)"
+    else:
+        name, why = "unclear", "no part near a full core and the machine not saturated"
+    return {**out, "workers": knee["workers"], "bottleneck": name, "why": why}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    mode = MODES["quick" if args.quick else "full"]
+    counts = [int(x) for x in args.workers.split(",")] if args.workers else list(mode["workers"])
+    rep_counts = [int(x) for x in args.replica_workers.split(",")] if args.replica_workers is not None and \
+        args.replica_workers != "" else list(mode["replicas"])
+    if args.replica_workers == "":
+        rep_counts = []
+    args.warm = mode["warm"] if args.warm is None else args.warm
+    args.window = mode["window"] if args.window is None else args.window
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="aesrl-scale-") as tmp:
+        for n, reps in [(n, False) for n in counts] + [(n, True) for n in rep_counts]:
+            t = time.monotonic()
+            row = Point(n, reps, args, Path(tmp)).run()
+            row["point_s"] = time.monotonic() - t
+            rows.append(row)
+            print(f"  {n:4d} workers{' + replicas' if reps else ''}: {row['results_per_s']:.1f} results/s "
+                  f"({row['efficiency']:.0%} of ideal) in {row['point_s']:.0f}s", file=sys.stderr, flush=True)
+    cores = os.cpu_count() or 1
+    return {
+        "benchmark": "scale", "mode": "quick" if args.quick else "full", "rows": rows, "knee": find_knee(rows, cores),
+        "settings": {"episode_s": args.episode_s, "episode_len": args.episode_len, "per_host": args.per_host,
+                     "hidden": list(HIDDEN), "actor_params": 4 * HIDDEN[0] + HIDDEN[0] * HIDDEN[1] + 2 * HIDDEN[1] + 1,
+                     "episode_bytes": args.episode_len * (2 * EP_OBS + EP_ACT + 2) * 4,
+                     "warm_s": args.warm, "window_s": args.window},
+        "machine": {"cores": cores, "python": platform.python_version(), "redis_server": find_redis_server(),
+                    "date": datetime.now().isoformat(timespec="seconds"), "loadavg_end": list(os.getloadavg())},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_host"]:
+        hp = argparse.ArgumentParser()
+        hp.add_argument("--url", required=True)
+        hp.add_argument("--read-url", default="")
+        hp.add_argument("--threads", type=int, required=True)
+        hp.add_argument("--prefix", required=True)
+        hp.add_argument("--episode-s", type=float, required=True)
+        hp.add_argument("--episode-len", type=int, required=True)
+        host_main(hp.parse_args(argv[1:]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 worker counts + 1 replica point, short windows (<60 s)")
+    ap.add_argument("--workers", default=None, help="comma-separated worker counts without replicas")
+    ap.add_argument("--replica-workers", default=None, help="worker counts to repeat with one replica per host ('' for none)")
+    ap.add_argument("--per-host", type=int, default=32, help="simulated workers per host process (one replica each)")
+    ap.add_argument("--episode-s", type=float, default=1.0, help="seconds one simulated job sleeps (±20%%)")
+    ap.add_argument("--episode-len", type=int, default=1000, help="transitions stored per job")
+    ap.add_argument("--warm", type=float, default=None, help="warm-up seconds after every worker's first result")
+    ap.add_argument("--window", type=float, default=None, help="measurement seconds per point")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    args = ap.parse_args(argv)
+    data = run(args)
+    print(render(data["rows"]))
+    knee = data["knee"]
+    print(f"\nknee: {knee['workers']} workers — bottleneck: {knee['bottleneck']} ({knee['why']})")
+    if knee.get("ceilings"):
+        print("ceilings on machines of their own (results/s, from the costs at the busiest point): "
+              + ", ".join(f"{k} {v:.0f}" for k, v in knee["ceilings"].items())
+              + f" — first: {knee['first_limit_on_own_machines']}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

@@ -1,0 +1,53 @@
+"""The scale benchmark runs end to end in --quick mode and writes the rows and the knee it promises.
+
+Checks names, shapes and the relations that hold by construction; never a wall-clock number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ROW_KEYS = {
+    "workers", "replicas", "hosts", "results_per_s", "ideal_per_s", "efficiency", "scheduler_cores", "redis_cores",
+    "replica_cores", "worker_cores", "box_cores", "net_in_MBps", "net_out_MBps", "net_repl_out_MBps",
+    "out_MB_per_result", "in_MB_per_result", "scheduler_ms_per_result", "redis_ms_per_result", "job_s_median",
+    "applied",
+}
+
+
+@pytest.mark.slow
+def test_scale_quick_writes_rows_and_knee(tmp_path):
+    out = tmp_path / "scale.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("AESRL_REDIS_URL", None)
+    env.pop("AESRL_READ_URL", None)
+    proc = subprocess.run([sys.executable, "bench/scale.py", "--quick", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "scale" and data["mode"] == "quick"
+    rows = data["rows"]
+    assert [(r["workers"], r["replicas"] > 0) for r in rows] == [(8, False), (32, False), (128, False), (128, True)]
+    for r in rows:
+        assert ROW_KEYS <= set(r), sorted(ROW_KEYS - set(r))
+        assert r["applied"] > 0 and r["results_per_s"] > 0
+        assert r["ideal_per_s"] == pytest.approx(r["workers"] / data["settings"]["episode_s"])
+    plain, with_replicas = rows[2], rows[3]
+    # Without replicas every job downloads μ and var (1.03 MB at 129k parameters) from the primary.
+    assert data["settings"]["actor_params"] == 129_193
+    assert plain["out_MB_per_result"] > 0.9 and plain["net_repl_out_MBps"] == 0
+    # With replicas the primary's egress is replication: the jobs read μ/var from their host's replica.
+    assert with_replicas["replicas"] == with_replicas["hosts"] == 4
+    assert with_replicas["net_repl_out_MBps"] > 0.8 * with_replicas["net_out_MBps"]
+    knee = data["knee"]
+    assert {"workers", "bottleneck", "why", "ceilings", "first_limit_on_own_machines"} <= set(knee)
+    assert knee["first_limit_on_own_machines"] in knee["ceilings"]
+    assert "results/s" in proc.stdout and "knee:" in proc.stdout
