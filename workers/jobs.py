@@ -61,7 +61,7 @@ class _RunContext:
     """What one worker process keeps for one run between jobs."""
 
     def __init__(self, client: redis.Redis, run: str) -> None:
-        from aesrl_queue.nets import NetSpec
+        from aesrl_queue.numpy_actor import NetSpec  # torch-free: ES-only workers never import torch
 
         self.store = Store(client, run)
         # Reads of immutable or versioned data go to a local replica when AESRL_READ_URL names one.

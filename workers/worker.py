@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -47,13 +48,18 @@ class AllowlistJob(Job):
         return super().func
 
 
-def _limit_threads() -> None:
+def _limit_threads() -> bool:
+    """One torch thread. torch is imported by the first RL job only (an ES-only worker never
+    needs its ~180 MB and seconds of start-up); until then the environment variables, which torch
+    reads when it is imported, do the job. True once torch itself was told."""
     n = int(os.environ.get("AESRL_TORCH_THREADS", "1"))
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
     os.environ.setdefault("MKL_NUM_THREADS", str(n))
-    import torch
-
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
     torch.set_num_threads(n)
+    return True
 
 
 class AesrlWorker(SimpleWorker):
@@ -67,7 +73,7 @@ class AesrlWorker(SimpleWorker):
         super().__init__(queues, *args, **kwargs)
         # Ride out a short Redis restart inside a job (~9 s of backoff) instead of failing at once.
         self.connection.set_retry(backoff_retry())
-        _limit_threads()
+        self._torch_limited = _limit_threads()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._current: dict[str, str] = {}
@@ -202,3 +208,5 @@ class AesrlWorker(SimpleWorker):
         finally:
             self._jobs_done += 1
             self._current = {}
+            if not self._torch_limited:
+                self._torch_limited = _limit_threads()
