@@ -21,6 +21,7 @@ import redis
 from aesrl_queue import codec
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
+from aesrl_queue.connection import wait_until_reachable
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.nets import init_actor_params
@@ -137,6 +138,19 @@ class AsyncScheduler:
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> str:
         self.setup()
+        while True:
+            try:
+                return self._loop()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Redis was away for longer than the clients' own retries. This process may hold
+                # state that never reached Redis (a write that did not land): wait, then carry on
+                # from what Redis holds, exactly as a restarted scheduler does.
+                if not wait_until_reachable(self.r, f"scheduler of run {self.cfg.run_id}", exc, self.stop_event):
+                    return "stopped"
+                self.dispatch.noise_ahead.close()
+                self.setup()
+
+    def _loop(self) -> str:
         cfg = self.cfg
         drain_started = None
         status = "running"

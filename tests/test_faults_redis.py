@@ -5,15 +5,19 @@ none crashes; the run completes with every result applied exactly once.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import threading
 import time
 
 import pytest
 
+from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import Store
+from scheduler.loop import AsyncScheduler
 from tests.conftest import wait_for
 from tests.faults import check_exactly_once, sleep_config
 
@@ -101,3 +105,40 @@ def test_redis_frozen_for_a_few_seconds(tmp_path, redis_server, client, procs):
     assert out["state"]["results_applied"] > before["results_applied"]
     alive = _alive(procs)
     assert alive["w0"] is None and alive["w1"] is None, (alive, procs.logs())
+
+
+def test_scheduler_outlives_an_outage_longer_than_its_retries(tmp_path, procs, caplog):
+    """The CLI's clients retry for about a minute; beyond that the loop itself waits and then resumes
+    from Redis. Shown in-process with clients that give up after one retry."""
+    caplog.set_level(logging.INFO)
+    data = tmp_path / "redis"
+    server = RedisServer(directory=data, appendonly=True, extra_args=AOF_ARGS).start()
+    port = server.port
+    cfg = RunConfig.from_preset("AesrlSleep-v0", algo="es", run_id="faults-long-outage", hidden=(8, 8),
+                                env_kwargs={"episode_len": 20, "mean_s": 0.3}, total_steps=1200,
+                                mean_eval_episodes=1, result_ttl=30, failure_ttl=60).resolve()
+    client = connect(server.url, retries=1)
+    sched = AsyncScheduler(client, connect(server.url, blocking=True, retries=1), cfg)
+    outcome: list[str] = []
+    thread = threading.Thread(target=lambda: outcome.append(sched.run()), daemon=True)
+    try:
+        procs.rq_worker("w0", server.url)
+        procs.rq_worker("w1", server.url)
+        thread.start()
+        store = Store(client, cfg.run_id)
+        wait_for(lambda: store.state()["results_applied"] >= 5, 60, what="results before the outage",
+                 on_fail=procs.logs)
+        server.stop()
+        time.sleep(6.0)
+        server = RedisServer(port=port, directory=data, appendonly=True, extra_args=AOF_ARGS).start()
+        thread.join(120)
+        assert outcome == ["finished"], (outcome, procs.logs())
+        out = check_exactly_once(client, store)
+        assert out["state"]["steps"] >= 1200
+        text = caplog.text
+        assert f"scheduler of run {cfg.run_id} waits for Redis" in text and f"scheduler of run {cfg.run_id} resumes" in text
+        assert f"run {cfg.run_id}: resumed at version" in text  # state re-read from Redis, as after a restart
+    finally:
+        sched.stop_event.set()
+        thread.join(10)
+        server.cleanup()
