@@ -35,7 +35,7 @@ EPISODE_FIELDS = ("obs", "act", "rew", "next_obs", "done")
 STATE_INTS = (
     "version", "n_rl", "n_es", "steps", "interactions", "critic_version", "critic_steps",
     "replay_held", "results_applied", "rejected", "failed", "replaced", "stale", "dispatched",
-    "rl_applied", "es_applied", "f_mu_version", "generation",
+    "rl_applied", "es_applied", "f_mu_version", "generation", "td3_updates", "critic_request", "prev_gen_steps",
 )
 STATE_FLOATS = ("f_mu", "best_fitness", "started_at", "updated_at", "finished_at", "critic_loss",
                 "critic_steps_per_s", "last_p_rl", "last_p_es",

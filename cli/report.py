@@ -48,7 +48,7 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         "best_fitness": st.get("best_fitness", math.nan), "results_applied": st["results_applied"],
         "rl_applied": st["rl_applied"], "es_applied": st["es_applied"], "dispatched": st["dispatched"],
         "failed": st["failed"], "rejected": st["rejected"], "replaced": st["replaced"], "stale": st["stale"],
-        "rl_target": cfg.rl_ratio if cfg.algo != "es" else 0.0,
+        "rl_target": _rl_target(cfg),
         "n_rl": st["n_rl"], "n_es": st["n_es"],
         "critic_version": st["critic_version"], "critic_steps": st["critic_steps"],
         "critic_steps_per_s": st.get("critic_steps_per_s", 0.0), "critic_loss": st.get("critic_loss", math.nan),
@@ -141,6 +141,18 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"    {w['host']}:{w['pid']:<8} {w['kind'] or 'idle':5} jobs {w['jobs_done']:<6} "
                      f"seen {_f(w['last_seen'])}s ago  {w['run']}")
     return "\n".join(lines)
+
+
+def _rl_target(cfg) -> float:
+    """The RL share the algorithm aims at: ρ* of the P controller, half of each CEM generation, none
+    for es; td3 has no ES/RL split (NaN)."""
+    if cfg.algo == "es":
+        return 0.0
+    if cfg.algo in ("cemrl", "pcemrl"):
+        return 0.5
+    if cfg.algo == "td3":
+        return math.nan
+    return float(cfg.rl_ratio)
 
 
 def summary_numbers(client: redis.Redis, run_id: str) -> dict[str, Any]:
