@@ -18,7 +18,7 @@ from tests.faults import check_exactly_once, write_config
 pytestmark = pytest.mark.slow
 
 RUN = "bounded"
-JOBS = 2500
+JOBS = 2000
 EPISODE = 4  # steps per episode: the budget is JOBS * EPISODE stored steps
 RESULT_TTL = 5  # seconds RQ keeps a finished job; our results go to the run's own stream
 HISTORY_MAX = 300  # entries kept in the results and history streams
@@ -82,6 +82,9 @@ def test_keys_and_memory_stay_bounded_over_thousands_of_jobs(tmp_path, redis_url
           f"end {client.dbsize()} {dict(by_prefix)}; fixed keys without TTL {len(fixed)}, per-job keys "
           f"without TTL at most {max(per_job_counts)}; used_memory peak "
           f"{max(m for *_x, m in samples) / 2**20:.1f} MiB (empty Redis {base_memory / 2**20:.1f} MiB)")
+    per_entry = {name: client.memory_usage(store.key(name), samples=0) / max(1, client.xlen(store.key(name)))
+                 for name in ("results", "history")}
+    print(f"bytes per stream entry: results {per_entry['results']:.0f}, history {per_entry['history']:.0f}")
     # The bound: the keys without a TTL are a fixed set (run state, streams, queues, registries,
     # worker sets) that does not grow with the number of jobs ...
     assert len(fixed) <= 30, sorted(fixed)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 
 import pytest
 
@@ -20,7 +19,7 @@ RUN = "faults-restart"
 
 
 def test_scheduler_and_critic_killed_and_restarted(tmp_path, redis_url, client, procs):
-    cfg = sleep_config(tmp_path / "run.json", mean_s=0.5, total_steps=3000, initial_steps=300)
+    cfg = sleep_config(tmp_path / "run.json", mean_s=0.3, total_steps=2800, initial_steps=300)
     for i in range(3):
         procs.rq_worker(f"w{i}", redis_url)
     sched = ["scheduler", "start", "--redis-url", redis_url]
@@ -71,6 +70,7 @@ def test_scheduler_and_critic_killed_and_restarted(tmp_path, redis_url, client, 
     procs.cli("critic-2", "critic", "start", "--redis-url", redis_url, "--run", RUN)
     wait_for(lambda: store.critic_version() > critic_at_kill, 60, what="the restarted critic to publish",
              on_fail=procs.logs)
+    steps_at_critic_back = store.state()["steps"]
     clog = procs.log("critic-2")
     restored = re.search(r"restored: version (\d+), (\d+) steps trained", clog)
     assert restored, clog
@@ -83,7 +83,7 @@ def test_scheduler_and_critic_killed_and_restarted(tmp_path, redis_url, client, 
     assert procs.procs["scheduler-3"].wait(30) == 0, procs.log("scheduler-3")
     out = check_exactly_once(client, store)
     st, history = out["state"], out["history"]
-    assert st["steps"] >= 3000
+    assert st["steps"] >= 2800
     assert f"resumed at version {at_stop['version']}," in procs.log("scheduler-3")
     # Counters carried over: nothing counted from zero again.
     assert st["dispatched"] > at_stop["dispatched"] > at_kill["dispatched"]
@@ -97,5 +97,5 @@ def test_scheduler_and_critic_killed_and_restarted(tmp_path, redis_url, client, 
     assert st["critic_version"] > critic_at_kill
     print(f"\nrestart: {len(adopted)}/{len(inflight_at_kill)} in-flight jobs adopted after kill -9; "
           f"versions {at_kill['version']} -> {at_stop['version']} -> {st['version']}; "
-          f"critic {critic_at_kill} -> {st['critic_version']}; replaced={st['replaced']} stale={st['stale']}")
-    time.sleep(0)
+          f"critic {critic_at_kill} -> {st['critic_version']}; replaced={st['replaced']} stale={st['stale']}; "
+          f"steps when the critic was back {steps_at_critic_back}")

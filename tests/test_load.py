@@ -20,7 +20,7 @@ RUN = "load-32"
 WORKERS = 32
 MEAN_S = 0.5  # seconds per episode; a job is two episodes (the individual and one of μ)
 EPISODE = 50
-JOBS = 1500
+JOBS = 1000
 
 
 def _rss_mib(pid: int) -> float:

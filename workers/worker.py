@@ -62,6 +62,20 @@ def _limit_threads() -> bool:
     return True
 
 
+def _log_like_rq() -> None:
+    """`rq worker` sets up logging for RQ's own logger only: give this project's loggers a handler
+    too, or their lines (Redis outages, refused jobs) reach stderr without time or level."""
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    for name in ("aesrl_queue", "workers"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+
+
 class AesrlWorker(SimpleWorker):
     """SimpleWorker + JSON + allowlist + one torch thread + a fast heartbeat."""
 
@@ -74,6 +88,7 @@ class AesrlWorker(SimpleWorker):
         # Ride out a short Redis restart inside a job (~9 s of backoff) instead of failing at once.
         self.connection.set_retry(backoff_retry())
         self._torch_limited = _limit_threads()
+        _log_like_rq()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._current: dict[str, str] = {}
