@@ -53,10 +53,13 @@ HIDDEN = (423, 300)
 # simulated environment is AesrlSleep-v0: what matters to Redis is the bytes.
 EP_OBS, EP_ACT = 17, 6
 MODES = {
-    #        worker counts,                      replica points,  warm-up s, window s
-    "quick": {"workers": (8, 32, 128), "replicas": (128,), "warm": 1.0, "window": 3.0},
-    "full": {"workers": (8, 16, 32, 64, 128, 256), "replicas": (32, 64, 128, 256), "warm": 4.0, "window": 10.0},
+    # ES-only worker counts without / with a replica per host; the same for the RL mix; seconds.
+    "quick": {"workers": (8, 32, 128), "replicas": (128,), "rl_workers": (), "rl_replicas": (),
+              "warm": 1.0, "window": 3.0},
+    "full": {"workers": (8, 16, 32, 64, 128, 256), "replicas": (32, 64, 128, 256),
+             "rl_workers": (8, 32, 64, 128), "rl_replicas": (32, 64, 128), "warm": 4.0, "window": 10.0},
 }
+CRITIC_PARAMS = 260_402  # HalfCheetah's twin 400-300 critics; critic + target: 2.08 MB per version
 KNEE_EFFICIENCY = 0.8  # the knee: the first point below 80% of the ideal W / job seconds
 GBE_MBPS = 117.0  # what one 1 Gbit/s link carries in TCP payload, MB/s
 
@@ -73,6 +76,7 @@ class NoDeathPenalty(BaseDeathPenalty):
 
 
 _EPISODE: dict[str, np.ndarray] = {}
+_LOCAL = threading.local()
 
 
 def _episode(length: int) -> dict[str, np.ndarray]:
@@ -86,34 +90,67 @@ def _episode(length: int) -> dict[str, np.ndarray]:
     return _EPISODE
 
 
-def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, run: str, job: str, kind: str,
-                       version: int, seed: int, spec_hash: str, rl_steps: int = 0,
+def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, train_s: float, run: str, job: str,
+                       kind: str, version: int, seed: int, spec_hash: str, rl_steps: int = 0,
                        random_actions: bool = False) -> dict[str, Any]:
-    """An ES job's Redis traffic (workers.jobs) with a sleep where the episodes would run."""
+    """An ES or RL job's Redis traffic (as workers.jobs does it) with sleeps where episodes and training run."""
     from workers import jobs
 
     t0 = time.monotonic()
-    ctx = jobs._context(client, run)
+    # One run context per simulated worker, as each real worker process keeps one (workers.jobs caches
+    # only a few per process: shared by 32 threads they would be rebuilt, replay mirror and all, per job).
+    ctx = getattr(_LOCAL, "ctx", None)
+    if ctx is None or ctx.store.run_id != run:
+        ctx = _LOCAL.ctx = jobs._RunContext(client, run)
     info = codec.pack({"worker": threading.current_thread().name, "t": time.time()})
     started = ctx.begin(job, info)  # the start script; μ/var from the replica or the primary
     if started is None:
         return {"job": job, "skipped": True}
-    version, _mu, _var = started
+    version, mu, _var = started
     rng = np.random.default_rng(seed)
+    ind_key, f_mu_version = "", version
+    if kind == "rl":
+        _rl_reads(ctx)
+        time.sleep(train_s * float(rng.uniform(0.8, 1.2)))
+        ind_key = ctx.store.put_individual(job, mu, ttl=600)  # any finite vector of the right size
     time.sleep(episode_s * float(rng.uniform(0.8, 1.2)))
+    if kind == "rl":
+        got = ctx.read_current_mu()
+        f_mu_version = got[0] if got else -1
     # A fitness around a fixed level: baseline-relative then moves μ for ~83% of the results.
     fields = {"job": job, "kind": kind, "version": version, "seed": seed, "worker": threading.current_thread().name,
               "spec_hash": spec_hash, "rl_steps": rl_steps, "status": "ok", "fitness": float(rng.standard_normal()),
-              "len": episode_len, "f_mu": float(0.25 * rng.standard_normal()), "f_mu_version": version, "ind": "",
-              "eval_steps": 0, "duration": time.monotonic() - t0, "train_time": 0.0}
+              "len": episode_len, "f_mu": float(0.25 * rng.standard_normal()), "f_mu_version": f_mu_version,
+              "ind": ind_key, "eval_steps": 0, "duration": time.monotonic() - t0, "train_time": train_s}
     ctx.store.finish_job(_episode(episode_len), job, fields)
     return {"job": job}
+
+
+def _rl_reads(ctx) -> None:
+    """What an RL job reads before training: the critic when its version changed, the replay entries
+    stored since this process's last RL job (whole entries, as the replay mirror reads them)."""
+    store, reader = ctx.store, ctx.reader
+    version = store.critic_version() if reader is None else ctx.critic_named
+    if version != ctx.critic_version:
+        if reader is None:
+            store.r.hmget(store.key("critic"), ["version", "weights"])
+        else:
+            reader.critic(store.prefix, at_least=version)
+        ctx.critic_version = version
+    while True:
+        if reader is None:
+            rows = store.read_replay(ctx.mirror_last, count=500)
+        else:
+            rows = reader.read(lambda c: store.read_replay(ctx.mirror_last, count=500, client=c))
+        if not rows:
+            return
+        ctx.mirror_last = rows[-1][0]
 
 
 class SimJob(Job):
     """Runs the simulated job in place of workers.jobs.evaluate (and nothing else)."""
 
-    sim = (1.0, 1000)
+    sim = (1.0, 1000, 1.0)
 
     @property
     def func(self):
@@ -130,7 +167,7 @@ def host_main(args: argparse.Namespace) -> None:
     import aesrl_queue.nets  # noqa: F401 - imported by the first job otherwise (torch: seconds of CPU)
     if args.read_url:
         os.environ["AESRL_READ_URL"] = args.read_url
-    SimJob.sim = (args.episode_s, args.episode_len)
+    SimJob.sim = (args.episode_s, args.episode_len, args.train_s)
 
     class SimWorker(ww.AesrlWorker):
         death_penalty_class = NoDeathPenalty
@@ -171,17 +208,19 @@ def net_bytes(client: redis.Redis) -> dict[str, int]:
 class Point:
     """One scale point: a fresh primary (+ replicas), hosts of simulated workers, a scheduler."""
 
-    def __init__(self, workers: int, replicas: bool, args: argparse.Namespace, tmp: Path) -> None:
-        self.n, self.replicas, self.args = workers, replicas, args
-        self.tmp = tmp / f"w{workers}-{'rep' if replicas else 'plain'}"
+    def __init__(self, workers: int, replicas: bool, rl_share: float, args: argparse.Namespace, tmp: Path) -> None:
+        self.n, self.replicas, self.rl_share, self.args = workers, replicas, rl_share, args
+        self.tmp = tmp / f"w{workers}-rl{rl_share:g}-{'rep' if replicas else 'plain'}"
         self.tmp.mkdir(parents=True)
         self.kids = Children(self.tmp)
         self.servers: list[RedisServer] = []
+        self.stop = threading.Event()
 
     def run(self) -> dict[str, Any]:
         try:
             return self._run()
         finally:
+            self.stop.set()
             self.kids.kill_all()
             for s in self.servers:
                 s.cleanup()
@@ -205,7 +244,8 @@ class Point:
         hosts = []
         for h, size in enumerate(sizes):
             cmd = [sys.executable, str(Path(__file__).resolve()), "_host", "--url", primary.url, "--threads", str(size),
-                   "--prefix", f"h{h}", "--episode-s", str(args.episode_s), "--episode-len", str(args.episode_len)]
+                   "--prefix", f"h{h}", "--episode-s", str(args.episode_s), "--episode-len", str(args.episode_len),
+                   "--train-s", str(args.train_s)]
             if reps:
                 cmd += ["--read-url", reps[h].url]
             hosts.append(self.kids.start(f"host{h}", cmd))
@@ -213,10 +253,12 @@ class Point:
         run_id = f"scale-{self.n}-{uuid.uuid4().hex[:6]}"
         cfg_file = self.tmp / "run.json"
         cfg_file.write_text(json.dumps({
-            "env_id": "AesrlSleep-v0", "algo": "aesrl", "rl_ratio": 0.0, "hidden": list(HIDDEN), "r": 1.0,
+            "env_id": "AesrlSleep-v0", "algo": "aesrl", "rl_ratio": self.rl_share, "hidden": list(HIDDEN), "r": 1.0,
             "env_kwargs": {"episode_len": args.episode_len, "mean_s": args.episode_s}, "total_steps": 10**12,
-            "mean_eval_episodes": 1,
+            "mean_eval_episodes": 1, "initial_steps": 0,
         }))
+        if self.rl_share > 0:  # a stand-in for the critic daemon: new weights every critic_every seconds
+            threading.Thread(target=self._publish_critic, args=(primary.url, run_id), daemon=True).start()
         sched = self.kids.start("scheduler", [sys.executable, "-m", "cli.main", "--log-level", "WARNING",
                                               "scheduler", "start", "--redis-url", primary.url, "--config",
                                               str(cfg_file), "--run-id", run_id])
@@ -232,9 +274,12 @@ class Point:
                     raise RuntimeError("a replica did not sync")
                 time.sleep(0.1)
         store = Store(client, run_id)
-        # Warm-up: about one job per worker (each builds its run context on its first), then warm seconds.
-        deadline = time.monotonic() + 60 + 5 * args.episode_s + self.n / 10
-        while not store.exists() or store.state_field("results_applied") < self.n:
+        # Warm-up: about one job per worker (each builds its run context on its first); with RL jobs about
+        # four, so that nearly every worker has mirrored the replay once (a process's first RL job
+        # downloads the whole stream, up to 34 MB at HalfCheetah's capacity: a one-off, not the steady state).
+        want = self.n * (4 if self.rl_share > 0 else 1)
+        deadline = time.monotonic() + 60 + 5 * args.episode_s + want / 5
+        while not store.exists() or store.state_field("results_applied") < want:
             if sched.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the scheduler stopped or stalled:\n{self.kids.log_tail('scheduler')}")
             time.sleep(0.1)
@@ -264,15 +309,20 @@ class Point:
         durations = sorted(float(h.get("duration", 0.0)) for h in hist)
         net = {k: (b["net"][k] - a["net"][k]) for k in a["net"]}
         rate = applied / dt
-        ideal = self.n / args.episode_s
+        ideal = self.n / (args.episode_s + self.rl_share * args.train_s)
         per = max(1, applied)
         return {
-            "workers": self.n, "replicas": len(reps), "hosts": n_hosts, "results_per_s": rate, "ideal_per_s": ideal,
+            "workers": self.n, "replicas": len(reps), "hosts": n_hosts, "rl_share_target": self.rl_share,
+            "rl_share": sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist)),
+            "results_per_s": rate, "ideal_per_s": ideal,
             "efficiency": rate / ideal, "versions_per_result": (b["version"] - a["version"]) / per,
             "job_s_median": durations[len(durations) // 2] if durations else math.nan,
             "scheduler_cores": (b["sched"] - a["sched"]) / dt, "redis_cores": (b["redis"] - a["redis"]) / dt,
             "replica_cores": (b["replicas"] - a["replicas"]) / dt, "worker_cores": (b["hosts"] - a["hosts"]) / dt,
             "box_cores": (b["box"] - a["box"]) / dt,
+            # Everything else on the machine (other users' processes): the measurement's noise floor.
+            "other_cores": max(0.0, (b["box"] - a["box"] - sum(b[k] - a[k] for k in ("sched", "redis", "replicas",
+                                                                                      "hosts"))) / dt),
             "scheduler_ms_per_result": 1e3 * (b["sched"] - a["sched"]) / per,
             "redis_ms_per_result": 1e3 * (b["redis"] - a["redis"]) / per,
             "net_in_MBps": net["in"] / dt / 1e6, "net_out_MBps": net["out"] / dt / 1e6,
@@ -285,12 +335,24 @@ class Point:
         }
 
 
+    def _publish_critic(self, url: str, run_id: str) -> None:
+        store = Store(redis.Redis.from_url(url), run_id)
+        weights = {"critic": np.zeros(CRITIC_PARAMS, np.float32), "critic_target": np.zeros(CRITIC_PARAMS, np.float32)}
+        version = 0
+        while not self.stop.is_set():
+            version += 1
+            with contextlib.suppress(redis.RedisError):
+                store.publish_critic(version, weights)
+            self.stop.wait(self.args.critic_every)
+
+
 # == report =================================================================================================
 COLUMNS = (
-    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("results_per_s", "results/s", "{:.1f}"),
+    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("rl_share", "RL", "{:.0%}"),
+    ("results_per_s", "results/s", "{:.1f}"),
     ("efficiency", "of ideal", "{:.0%}"), ("scheduler_cores", "sched cores", "{:.2f}"),
     ("redis_cores", "redis cores", "{:.2f}"), ("replica_cores", "repl cores", "{:.2f}"),
-    ("worker_cores", "worker cores", "{:.2f}"), ("box_cores", "box cores", "{:.2f}"),
+    ("worker_cores", "worker cores", "{:.2f}"), ("other_cores", "other cores", "{:.2f}"),
     ("net_out_MBps", "out MB/s", "{:.1f}"), ("net_in_MBps", "in MB/s", "{:.1f}"),
     ("out_MB_per_result", "out MB/res", "{:.2f}"), ("scheduler_ms_per_result", "sched ms/res", "{:.2f}"),
     ("redis_ms_per_result", "redis ms/res", "{:.2f}"), ("job_s_median", "job s", "{:.2f}"),
@@ -307,10 +369,10 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def find_knee(rows: list[dict[str, Any]], cores: int) -> dict[str, Any]:
-    """The first point (no replicas) below KNEE_EFFICIENCY of ideal, what ran out there, and the
-    ceiling of each part were it on a machine of its own (from the busiest point's costs per result)."""
-    plain = [r for r in rows if r["replicas"] == 0]
+def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> dict[str, Any]:
+    """The first point (no replicas, this RL share) below KNEE_EFFICIENCY of ideal, what ran out there, and
+    the ceiling of each part were it on a machine of its own (from the busiest point's costs per result)."""
+    plain = [r for r in rows if r["replicas"] == 0 and r["rl_share_target"] == rl_share]
     if not plain:
         return {"workers": None, "bottleneck": "no points without replicas", "why": "", "ceilings": {}}
     best = max(plain, key=lambda r: r["results_per_s"])
@@ -345,26 +407,35 @@ def find_knee(rows: list[dict[str, Any]], cores: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mode = MODES["quick" if args.quick else "full"]
-    counts = [int(x) for x in args.workers.split(",")] if args.workers else list(mode["workers"])
-    rep_counts = [int(x) for x in args.replica_workers.split(",")] if args.replica_workers is not None and \
-        args.replica_workers != "" else list(mode["replicas"])
-    if args.replica_workers == "":
-        rep_counts = []
+
+    def counts_of(given: str | None, default) -> list[int]:
+        if given is None:
+            return list(default)
+        return [int(x) for x in given.split(",") if x.strip()]
+
+    points = [(n, False, 0.0) for n in counts_of(args.workers, mode["workers"])]
+    points += [(n, True, 0.0) for n in counts_of(args.replica_workers, mode["replicas"])]
+    points += [(n, False, args.rl_share) for n in counts_of(args.rl_workers, mode["rl_workers"])]
+    points += [(n, True, args.rl_share) for n in counts_of(args.rl_replica_workers, mode["rl_replicas"])]
     args.warm = mode["warm"] if args.warm is None else args.warm
     args.window = mode["window"] if args.window is None else args.window
     rows = []
     with tempfile.TemporaryDirectory(prefix="aesrl-scale-") as tmp:
-        for n, reps in [(n, False) for n in counts] + [(n, True) for n in rep_counts]:
+        for n, reps, share in points:
             t = time.monotonic()
-            row = Point(n, reps, args, Path(tmp)).run()
+            row = Point(n, reps, share, args, Path(tmp)).run()
             row["point_s"] = time.monotonic() - t
             rows.append(row)
-            print(f"  {n:4d} workers{' + replicas' if reps else ''}: {row['results_per_s']:.1f} results/s "
-                  f"({row['efficiency']:.0%} of ideal) in {row['point_s']:.0f}s", file=sys.stderr, flush=True)
+            print(f"  {n:4d} workers{' + replicas' if reps else ''}{f', RL {share:.0%}' if share else ''}: "
+                  f"{row['results_per_s']:.1f} results/s ({row['efficiency']:.0%} of ideal) in {row['point_s']:.0f}s",
+                  file=sys.stderr, flush=True)
     cores = os.cpu_count() or 1
     return {
         "benchmark": "scale", "mode": "quick" if args.quick else "full", "rows": rows, "knee": find_knee(rows, cores),
+        "knee_rl_mix": find_knee(rows, cores, args.rl_share),
         "settings": {"episode_s": args.episode_s, "episode_len": args.episode_len, "per_host": args.per_host,
+                     "train_s": args.train_s, "rl_share": args.rl_share, "critic_every_s": args.critic_every,
+                     "critic_bytes": 2 * CRITIC_PARAMS * 4,
                      "hidden": list(HIDDEN), "actor_params": 4 * HIDDEN[0] + HIDDEN[0] * HIDDEN[1] + 2 * HIDDEN[1] + 1,
                      "episode_bytes": args.episode_len * (2 * EP_OBS + EP_ACT + 2) * 4,
                      "warm_s": args.warm, "window_s": args.window},
@@ -383,12 +454,18 @@ def main(argv: list[str] | None = None) -> int:
         hp.add_argument("--prefix", required=True)
         hp.add_argument("--episode-s", type=float, required=True)
         hp.add_argument("--episode-len", type=int, required=True)
+        hp.add_argument("--train-s", type=float, required=True)
         host_main(hp.parse_args(argv[1:]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 worker counts + 1 replica point, short windows (<60 s)")
     ap.add_argument("--workers", default=None, help="comma-separated worker counts without replicas")
     ap.add_argument("--replica-workers", default=None, help="worker counts to repeat with one replica per host ('' for none)")
+    ap.add_argument("--rl-workers", default=None, help="worker counts of the RL mix without replicas ('' for none)")
+    ap.add_argument("--rl-replica-workers", default=None, help="worker counts of the RL mix with replicas ('' for none)")
+    ap.add_argument("--rl-share", type=float, default=0.5, help="target share of RL jobs in the RL mix")
+    ap.add_argument("--train-s", type=float, default=1.0, help="seconds an RL job sleeps for its training")
+    ap.add_argument("--critic-every", type=float, default=2.0, help="seconds between critic publications (RL mix)")
     ap.add_argument("--per-host", type=int, default=32, help="simulated workers per host process (one replica each)")
     ap.add_argument("--episode-s", type=float, default=1.0, help="seconds one simulated job sleeps (±20%%)")
     ap.add_argument("--episode-len", type=int, default=1000, help="transitions stored per job")
@@ -398,12 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = run(args)
     print(render(data["rows"]))
-    knee = data["knee"]
-    print(f"\nknee: {knee['workers']} workers — bottleneck: {knee['bottleneck']} ({knee['why']})")
-    if knee.get("ceilings"):
-        print("ceilings on machines of their own (results/s, from the costs at the busiest point): "
-              + ", ".join(f"{k} {v:.0f}" for k, v in knee["ceilings"].items())
-              + f" — first: {knee['first_limit_on_own_machines']}")
+    for label, knee in (("ES only", data["knee"]), (f"RL mix {args.rl_share:.0%}", data["knee_rl_mix"])):
+        if knee["workers"] is None and not knee.get("ceilings"):
+            continue
+        print(f"\n{label}: knee at {knee['workers']} workers — bottleneck: {knee['bottleneck']} ({knee['why']})")
+        if knee.get("ceilings"):
+            print("  ceilings on machines of their own (results/s, from the costs at the busiest point): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in knee["ceilings"].items())
+                  + f" — first: {knee['first_limit_on_own_machines']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2))

@@ -41,13 +41,14 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
         assert r["applied"] > 0 and r["results_per_s"] > 0
         assert r["ideal_per_s"] == pytest.approx(r["workers"] / data["settings"]["episode_s"])
     plain, with_replicas = rows[2], rows[3]
-    # Without replicas every job downloads μ and var (1.03 MB at 129k parameters) from the primary.
+    # Without replicas every job downloads μ and var (1.03 MB at 129k parameters) from the primary
+    # (per applied result only roughly: a short window can hold more applies than job starts).
     assert data["settings"]["actor_params"] == 129_193
-    assert plain["out_MB_per_result"] > 0.9 and plain["net_repl_out_MBps"] == 0
+    assert plain["out_MB_per_result"] > 0.5 and plain["net_repl_out_MBps"] == 0
     # With replicas the primary's egress is replication: the jobs read μ/var from their host's replica.
     assert with_replicas["replicas"] == with_replicas["hosts"] == 4
     assert with_replicas["net_repl_out_MBps"] > 0.8 * with_replicas["net_out_MBps"]
     knee = data["knee"]
     assert {"workers", "bottleneck", "why", "ceilings", "first_limit_on_own_machines"} <= set(knee)
     assert knee["first_limit_on_own_machines"] in knee["ceilings"]
-    assert "results/s" in proc.stdout and "knee:" in proc.stdout
+    assert "results/s" in proc.stdout and "knee at" in proc.stdout

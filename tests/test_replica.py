@@ -6,6 +6,7 @@ them, after a bounded wait when it lags, and from the primary otherwise — neve
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.redis_server import RedisServer
-from aesrl_queue.store import Store
+from aesrl_queue.store import Store, live_workers
 from tests.conftest import ROOT, child_env, wait_for
 from workers import jobs, replica
 
@@ -184,7 +185,7 @@ def test_worker_cli_refuses_a_read_url_that_is_not_a_replica(pair):
 
 
 @pytest.mark.slow
-def test_rq_workers_reading_a_replica_run_a_whole_run(pair, clients, procs, monkeypatch):
+def test_rq_workers_reading_a_replica_run_a_whole_run(pair, clients, procs, monkeypatch, tmp_path):
     """Scheduler and results on the primary, one worker reading μ/var from the replica, one not."""
     primary, rep = pair
     p, r = clients
@@ -192,9 +193,13 @@ def test_rq_workers_reading_a_replica_run_a_whole_run(pair, clients, procs, monk
     monkeypatch.setenv(replica.READ_URL_ENV, rep.url)
     procs.rq_worker("replica-reader", primary.url)
     monkeypatch.delenv(replica.READ_URL_ENV)
+    wait_for(lambda: len(live_workers(p)) == 2, 90, what="both workers", on_fail=procs.logs)
     hits0 = r.info("stats")["keyspace_hits"]
-    procs.cli("scheduler", "scheduler", "start", "--redis-url", primary.url, "--env", "AesrlNull-v0", "--algo", "es",
-              "--run-id", RUN, "--steps", "1500", "--hidden", "8,8")
+    cfg = tmp_path / "run.json"  # 40 jobs of ~0.1 s: both workers take a share
+    cfg.write_text(json.dumps({"env_id": "AesrlSleep-v0", "env_kwargs": {"episode_len": 50, "mean_s": 0.1},
+                               "mean_eval_episodes": 1}))
+    procs.cli("scheduler", "scheduler", "start", "--redis-url", primary.url, "--config", str(cfg), "--algo", "es",
+              "--run-id", RUN, "--steps", "2000", "--hidden", "8,8")
     store = Store(p, RUN)
     wait_for(lambda: store.exists() and store.status() == "finished", 120, interval=0.5,
              what="the run to finish", on_fail=procs.logs)
@@ -204,5 +209,5 @@ def test_rq_workers_reading_a_replica_run_a_whole_run(pair, clients, procs, monk
     workers = {h["worker"] for h in history}
     assert len(workers) == 2, workers  # both workers contributed results
     # The reading worker's dist:{v} reads were served by the replica.
-    assert r.info("stats")["keyspace_hits"] - hits0 >= 10
+    assert r.info("stats")["keyspace_hits"] - hits0 >= 5
     assert "not a replica" not in procs.log("replica-reader")
