@@ -164,7 +164,7 @@ def host_main(args: argparse.Namespace) -> None:
     import workers.worker as ww
 
     ww._limit_threads = lambda: None  # the simulated job never runs torch
-    import aesrl_queue.nets  # noqa: F401 - imported by the first job otherwise (torch: seconds of CPU)
+    import aesrl_queue.numpy_actor  # noqa: F401 - what the first job would import (before heartbeats start)
     if args.read_url:
         os.environ["AESRL_READ_URL"] = args.read_url
     SimJob.sim = (args.episode_s, args.episode_len, args.train_s)
