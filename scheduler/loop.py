@@ -210,7 +210,9 @@ class AsyncScheduler:
         if steps + len(self.dispatch.inflight) * mean_len >= cfg.total_steps:
             return
         rl_ready = uses_rl(cfg) and self._critic_published()
-        if uses_rl(cfg) and not rl_ready and steps >= cfg.initial_steps:
+        # A critic cannot train before the replay holds a batch: never wait for one before that,
+        # even when the random phase is shorter (initial_steps 0 would otherwise wait critic_wait).
+        if uses_rl(cfg) and not rl_ready and steps >= max(cfg.initial_steps, cfg.batch_size):
             # The random phase is over but no critic exists yet: hold new jobs for a while rather
             # than spend the budget on ES alone (a critic daemon needs seconds to start and train).
             now = time.monotonic()
