@@ -178,11 +178,19 @@ class Dispatcher:
             pipe = self.r.pipeline(transaction=False)
             for job in unstarted:
                 pipe.hget(f"rq:job:{job}", "status")
-            for job, status in zip(unstarted, pipe.execute(), strict=True):
+                queue = self.queues.get(self.inflight[job].get("kind", "es"), self.queues["es"])
+                pipe.lpos(queue.key, job)
+            replies = pipe.execute()
+            for i, job in enumerate(unstarted):
+                status, pos = replies[2 * i], replies[2 * i + 1]
                 status = status.decode() if isinstance(status, bytes) else status
                 info = self.inflight[job]
                 waited = now - float(info.get("enqueued_at", now))
-                if status is None:
+                if status == "queued" and pos is None and waited > 10.0 + WORKER_TTL:
+                    # Taken off the queue by a worker (RQ moves it aside first) that never started
+                    # it: the worker died or lost its network in between. RQ still says "queued".
+                    lost.append((job, "dequeued by a worker that never started it"))
+                elif status is None:
                     lost.append((job, "its RQ job vanished"))
                 elif status in ("failed", "stopped", "canceled"):
                     lost.append((job, f"RQ marked it {status}"))
