@@ -41,16 +41,16 @@ STATE_FLOATS = ("f_mu", "best_fitness", "started_at", "updated_at", "finished_at
                 "critic_steps_per_s", "last_p_rl", "last_p_es",
                 "critic_updated_at", "r_used")
 
-# Store one episode atomically: XADD it, count its steps, and drop whole old episodes once the
-# stream holds more than `capacity` transitions (an index list keeps "id len" per entry).
-_STORE_EPISODE = """
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
-local n = tonumber(ARGV[2])
-redis.call('HINCRBY', KEYS[2], 'steps', n)
-redis.call('HINCRBY', KEYS[2], 'interactions', n + tonumber(ARGV[3]))
+# Append one episode (Lua table `ep` of field/value args, `n` transitions, `extra` evaluation-only
+# interactions) to the replay stream, count its steps, and drop whole old episodes once the stream
+# holds more than `cap` transitions (an index list keeps "id len" per entry). Leaves `id`, `steps`
+# and `inter` (the counters after this episode). KEYS: replay, state, replay:index.
+_APPEND_EPISODE = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ep))
+local steps = redis.call('HINCRBY', KEYS[2], 'steps', n)
+local inter = redis.call('HINCRBY', KEYS[2], 'interactions', n + extra)
 local held = redis.call('HINCRBY', KEYS[2], 'replay_held', n)
-redis.call('RPUSH', KEYS[3], id .. ' ' .. ARGV[2])
-local cap = tonumber(ARGV[1])
+redis.call('RPUSH', KEYS[3], id .. ' ' .. n)
 while held > cap do
   local head = redis.call('LPOP', KEYS[3])
   if not head then break end
@@ -58,32 +58,26 @@ while held > cap do
   redis.call('XDEL', KEYS[1], string.sub(head, 1, sp - 1))
   held = redis.call('HINCRBY', KEYS[2], 'replay_held', -tonumber(string.sub(head, sp + 1)))
 end
+"""
+
+# Store one episode atomically. ARGV: capacity, n, extra interactions, episode args...
+_STORE_EPISODE = """
+local cap, n, extra = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local ep = {unpack(ARGV, 4)}
+""" + _APPEND_EPISODE + """
 return id
 """
 
-# The end of a successful job in one round trip: store its episode exactly as _STORE_EPISODE does,
-# count the evaluation-only steps as interactions, then append the result with the counters as
-# they stand after this episode (the scheduler reads steps from results instead of polling).
-# ARGV: capacity, n, extra interactions, results maxlen, number of episode args, episode args...,
-# result args...
+# The end of a successful job in one round trip: store its episode as _STORE_EPISODE does, then
+# append the result with the counters as they stand after this episode (the scheduler reads steps
+# from results instead of polling). KEYS: replay, state, replay:index, results. ARGV: capacity, n,
+# extra interactions, results maxlen, number of episode args, episode args..., result args...
 _FINISH_JOB = """
-local n = tonumber(ARGV[2])
+local cap, n, extra = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ne = tonumber(ARGV[5])
 local ep = {}
 for i = 6, 5 + ne do ep[#ep + 1] = ARGV[i] end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ep))
-local steps = redis.call('HINCRBY', KEYS[2], 'steps', n)
-local inter = redis.call('HINCRBY', KEYS[2], 'interactions', n + tonumber(ARGV[3]))
-local held = redis.call('HINCRBY', KEYS[2], 'replay_held', n)
-redis.call('RPUSH', KEYS[3], id .. ' ' .. ARGV[2])
-local cap = tonumber(ARGV[1])
-while held > cap do
-  local head = redis.call('LPOP', KEYS[3])
-  if not head then break end
-  local sp = string.find(head, ' ')
-  redis.call('XDEL', KEYS[1], string.sub(head, 1, sp - 1))
-  held = redis.call('HINCRBY', KEYS[2], 'replay_held', -tonumber(string.sub(head, sp + 1)))
-end
+""" + _APPEND_EPISODE + """
 local res = {}
 for i = 6 + ne, #ARGV do res[#res + 1] = ARGV[i] end
 res[#res + 1] = 'steps'
