@@ -123,17 +123,16 @@ class Dispatcher:
                 out.append((entry_id, None, str(exc)))
         return out
 
-    def individual(self, res: Result, dists: DistCache, eps: np.ndarray | None = None) -> np.ndarray:
+    def individual(self, res: Result, dists: DistCache) -> np.ndarray:
         """The evaluated parameters: rebuilt from (version, seed) for ES, downloaded for RL.
 
-        `eps` is `noise.job_noise(seed, dim)` when the caller computed it ahead (see NoiseAhead)."""
+        An ES job's ε was usually computed at dispatch (NoiseAhead); else it is computed here."""
         if res.kind == "rl":
             if not res.ind:
                 raise CodecError(f"RL result of {res.job} names no individual key")
             return self.store.get_individual(res.ind)
         mu, std = dists.get_std(res.version)
-        if eps is None:
-            eps = self.noise_ahead.take(res.job, res.seed)
+        eps = self.noise_ahead.take(res.job, res.seed)
         if eps is None or eps.size != mu.size:
             eps = noise.job_noise(res.seed, mu.size)
         return noise.shift(mu, std, eps)
