@@ -104,6 +104,17 @@ def encode_array(arr: np.ndarray, dtype: str = "<f4") -> bytes:
     return np.ascontiguousarray(arr, dtype=np.dtype(dtype)).tobytes()
 
 
+def array_view(arr: np.ndarray, dtype: str = "<f4") -> memoryview | bytes:
+    """The bytes of `encode_array` without copying them when `arr` already has that layout.
+
+    For arguments of Redis commands: redis-py sends a large memoryview as it is. The caller must
+    not change `arr` until the command has been sent."""
+    out = np.ascontiguousarray(arr, dtype=np.dtype(dtype))
+    if out.ndim != 1:
+        return out.tobytes()
+    return memoryview(out).cast("B")
+
+
 def decode_array(
     blob: bytes | None,
     *,

@@ -13,7 +13,14 @@ import time
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.connection import PythonRespSerializer
 from redis.retry import Retry
+
+try:
+    from redis.connection import HiredisRespSerializer
+    from redis.utils import HIREDIS_AVAILABLE
+except ImportError:  # an older or newer redis-py: the pure-Python packer alone is still correct
+    HiredisRespSerializer, HIREDIS_AVAILABLE = None, False
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +95,47 @@ class _Retry(Retry):
             raise refused.error from None
 
 
+# A value longer than this is sent as its own buffer, never copied into the command (redis-py's cutoff).
+LARGE_VALUE = 6000
+
+
+class CommandPacker:
+    """Packs commands into RESP: hiredis for ordinary commands, pure Python for those with a large value.
+
+    hiredis packs small commands fastest, but it copies every value into one new buffer: measured
+    here at ~1 ms of CPU for one 512 KB μ, about as much as the rest of a scheduler apply. The
+    pure-Python packer hands a large value to the socket as it is. Stateless: one is shared.
+    """
+
+    def __init__(self) -> None:
+        self.python = PythonRespSerializer(LARGE_VALUE, redis.connection.Encoder("utf-8", "strict", False).encode)
+        self.hiredis = HiredisRespSerializer() if HIREDIS_AVAILABLE and HiredisRespSerializer else None
+
+    def pack(self, *args):
+        if self.hiredis is not None:
+            for arg in args:
+                if isinstance(arg, (bytes, bytearray, memoryview)) and len(arg) > LARGE_VALUE:
+                    break
+            else:
+                return self.hiredis.pack(*args)
+        return self.python.pack(*args)
+
+
+PACKER = CommandPacker()
+
+
+def use_packer(client: redis.Redis) -> redis.Redis:
+    """Make `client` (one made elsewhere, e.g. by `rq worker -u URL`) pack commands with PACKER."""
+    pool = client.connection_pool
+    pool.connection_kwargs["command_packer"] = PACKER
+    # Connections already open keep the packer they were made with; swap it where redis-py allows.
+    for attr in ("_available_connections", "_in_use_connections"):
+        for conn in list(getattr(pool, attr, ()) or ()):
+            if hasattr(conn, "_command_packer"):
+                conn._command_packer = PACKER
+    return client
+
+
 def backoff_retry(retries: int = 8) -> Retry:
     """The retry policy of every client here: exponential backoff 0.1 s .. 2 s (~9 s in all for 8),
     a log line when Redis stops and starts answering, no retry of refused credentials."""
@@ -125,7 +173,10 @@ def connect(
         health_check_interval=30,
         retry=backoff_retry(retries),
         retry_on_error=list(RETRY_ON),
+        command_packer=PACKER,
     )
+    if url.startswith("unix:"):  # TCP keepalive has no meaning on a Unix socket (redis-py refuses it)
+        del options["socket_keepalive"]
     options.update(kwargs)
     try:
         client = redis.Redis.from_url(url, **options)

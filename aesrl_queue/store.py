@@ -250,7 +250,8 @@ class Store:
     def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, pipe=None) -> None:
         (pipe or self.r).hset(
             self.key(f"dist:{version}"),
-            mapping={"mu": codec.encode_array(mu), "var": codec.encode_array(var), "version": version},
+            # Views, not copies: the pipeline sends them before anyone could change the arrays.
+            mapping={"mu": codec.array_view(mu), "var": codec.array_view(var), "version": version},
         )
 
     def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -130,3 +130,46 @@ def test_blocking_client_reads_longer_than_redis_py_default_timeout(redis_url: s
     c.xadd("aesrl:test:stream", {"a": 1})
     assert c.xread({"aesrl:test:stream": "0-0"}, block=6000, count=1)
     c.close()
+
+
+def test_large_values_round_trip_through_the_packer(client) -> None:
+    """Commands with a value past the cutoff go the pure-Python way (no copy); the bytes must arrive intact,
+    whether given as bytes or as a memoryview of an array, alone or in a pipeline with small commands."""
+    import numpy as np
+
+    from aesrl_queue import codec
+    from aesrl_queue.connection import LARGE_VALUE, PACKER
+
+    conn = client.connection_pool.get_connection()
+    try:
+        assert conn._command_packer is PACKER
+    finally:
+        client.connection_pool.release(conn)
+    arr = np.random.default_rng(0).standard_normal(129_306).astype(np.float32)
+    view = codec.array_view(arr)
+    assert isinstance(view, memoryview) and len(view) == arr.nbytes
+    edge = b"x" * LARGE_VALUE + b"y"
+    pipe = client.pipeline()
+    pipe.set("small", "héllo")
+    pipe.hset("dist", mapping={"mu": view, "var": codec.array_view(arr[::-1]), "version": 3})
+    pipe.set("edge", edge)
+    pipe.set("exact", b"z" * LARGE_VALUE)
+    pipe.execute()
+    client.set("alone", view)
+    assert client.hget("dist", "mu") == arr.tobytes() == client.get("alone")
+    assert client.hget("dist", "var") == arr[::-1].tobytes()
+    assert client.get("edge") == edge and client.get("exact") == b"z" * LARGE_VALUE
+    assert client.get("small").decode() == "héllo" and client.hget("dist", "version") == b"3"
+
+
+def test_a_unix_socket_url_works(tmp_path) -> None:
+    """redis-py refuses TCP keepalive options on a Unix socket; connect() must not pass them there."""
+    sock = tmp_path / "redis.sock"
+    server = RedisServer(directory=tmp_path / "redis-unix", extra_args=["--unixsocket", str(sock)]).start()
+    try:
+        c = connect(f"unix://{sock}?db=0")
+        c.set("k", b"v" * 10_000)
+        assert c.get("k") == b"v" * 10_000
+        c.close()
+    finally:
+        server.cleanup()

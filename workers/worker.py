@@ -20,7 +20,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
-from aesrl_queue.connection import backoff_retry, wait_until_reachable
+from aesrl_queue.connection import backoff_retry, use_packer, wait_until_reachable
 from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_KEY, WORKER_TTL, WORKERS_KEY, Store
 from workers import jobs, replica
 
@@ -87,6 +87,8 @@ class AesrlWorker(SimpleWorker):
         super().__init__(queues, *args, **kwargs)
         # Ride out a short Redis restart inside a job (~9 s of backoff) instead of failing at once.
         self.connection.set_retry(backoff_retry())
+        # `rq worker -u URL` made this client: send RL individuals and episodes without a copy.
+        use_packer(self.connection)
         self._torch_limited = _limit_threads()
         _log_like_rq()
         self._hb_stop = threading.Event()
