@@ -216,9 +216,13 @@ class DistCache:
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._std: dict[int, np.ndarray] = {}
 
-    def put(self, version: int, mu: np.ndarray, var: np.ndarray) -> None:
+    def put(self, version: int, mu: np.ndarray, var: np.ndarray, std: np.ndarray | None = None) -> None:
+        """Cache a version; `std`, when given, must be sqrt(var) in float32 (saves computing it)."""
         self._cache[version] = (mu, var)
-        self._std.pop(version, None)
+        if std is None:
+            self._std.pop(version, None)
+        else:
+            self._std[version] = std
 
     def get(self, version: int) -> tuple[np.ndarray, np.ndarray]:
         got = self._cache.get(version)

@@ -332,8 +332,12 @@ class AsyncScheduler:
         new_version = self.version + 1 if changed else self.version
         self.recent_lens.append(res.length)
         self.best = max(self.best, res.fitness)
+        step = getattr(self.dist, "last_step", None)  # the compiled AES-RL step's outputs, if it ran
         if changed:
-            self.dists.put(new_version, self.dist.mean.copy(), self.dist.var.copy())
+            if step is not None:  # fresh arrays that nothing else holds, and σ' computed with them
+                self.dists.put(new_version, step.mean, step.var, std=step.std)
+            else:
+                self.dists.put(new_version, self.dist.mean.copy(), self.dist.var.copy())
         sigma = self.dists.get_std(new_version)[1]
         self._steps = max(self._steps, res.steps)
         self._interactions = max(self._interactions, res.interactions)
@@ -354,7 +358,8 @@ class AsyncScheduler:
                  "version": new_version, "p": p, "f_z": res.fitness,
                  "f_mu": self.f_mu, "len": res.length, "t": time.time(), "worker": res.worker,
                  "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()), "sigma_max": float(sigma.max()),
-                 "moved": float(np.linalg.norm(self.dist.mean - mean_before)), "duration": res.duration,
+                 "moved": step.moved if step is not None else float(np.linalg.norm(self.dist.mean - mean_before)),
+                 "duration": res.duration,
                  "random": bool(info.get("random", False)), "rl_steps": res.rl_steps}
         pipe.xadd(self.store.key("history"), {"d": codec.pack(entry)}, maxlen=cfg.history_max)
         if not entry["random"] and res.fitness > self.best_kept:
