@@ -110,15 +110,33 @@ class CommandPacker:
     def __init__(self) -> None:
         self.python = PythonRespSerializer(LARGE_VALUE, redis.connection.Encoder("utf-8", "strict", False).encode)
         self.hiredis = HiredisRespSerializer() if HIREDIS_AVAILABLE and HiredisRespSerializer else None
+        self._pack_command = None
+        if self.hiredis is not None:
+            import hiredis  # noqa: PLC0415
+
+            self._pack_command = hiredis.pack_command
 
     def pack(self, *args):
-        if self.hiredis is not None:
-            for arg in args:
-                if isinstance(arg, (bytes, bytearray, memoryview)) and len(arg) > LARGE_VALUE:
-                    break
-            else:
-                return self.hiredis.pack(*args)
-        return self.python.pack(*args)
+        # A scheduler apply packs ~20 commands: this path is hot, so types are compared, not isinstance'd.
+        if self._pack_command is None:
+            return self.python.pack(*args)
+        views = False
+        for arg in args:
+            t = type(arg)
+            if t is bytes:
+                if len(arg) > LARGE_VALUE:
+                    return self.python.pack(*args)
+            elif t is memoryview or t is bytearray:
+                if arg.nbytes > LARGE_VALUE if t is memoryview else len(arg) > LARGE_VALUE:
+                    return self.python.pack(*args)
+                views = True
+        first = args[0]
+        if views or type(first) is not str or " " in first:
+            return self.hiredis.pack(*args)  # splits 'CONFIG GET'-style names, copies small views
+        try:
+            return [self._pack_command(args)]
+        except TypeError as exc:
+            raise redis.DataError(str(exc)) from None
 
 
 PACKER = CommandPacker()

@@ -261,11 +261,15 @@ class NoiseAhead:
     takes it off the path from result to update. Bounded: at most `max_bytes` of ε held.
     """
 
+    # Below this many parameters ε costs less than handing it to a thread (and the thread would
+    # compete for the GIL with the loop): it is computed when the result arrives.
+    MIN_DIM = 16384
+
     def __init__(self, dim: int, max_bytes: int = 256 << 20) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.dim = dim
-        self.limit = max(0, max_bytes // max(1, 4 * dim))
+        self.limit = max(0, max_bytes // max(1, 4 * dim)) if dim >= self.MIN_DIM else 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aesrl-noise") if self.limit else None
         self._futures: dict[str, Any] = {}
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from aesrl_queue import codec
+from aesrl_queue import codec, kernels
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import wait_until_reachable
@@ -75,6 +75,8 @@ class AsyncScheduler:
         self._interactions = 0
         self._counts_read_at = 0.0
         self._critic_ready = False
+        if cfg.algo in ("aesrl", "es"):
+            kernels.compiled()  # load (or compile, once per machine) the update before the first result
 
     # -- set-up and restart ------------------------------------------------------------------------
     def setup(self) -> None:
