@@ -64,7 +64,7 @@ class RedisServer:
         if directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="aesrl-redis-")
             directory = self._tmp.name
-        self.directory = Path(directory)
+        self.directory = Path(directory).resolve()  # redis-server chdirs to --dir before opening --logfile
         self.directory.mkdir(parents=True, exist_ok=True)
         self.password = password
         self.appendonly = appendonly

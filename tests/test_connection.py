@@ -173,3 +173,17 @@ def test_a_unix_socket_url_works(tmp_path) -> None:
         c.close()
     finally:
         server.cleanup()
+
+
+def test_a_private_server_in_a_relative_folder_starts(tmp_path, monkeypatch) -> None:
+    """redis-server changes into --dir before it opens --logfile: a relative folder (as in
+    `aesrl-queue run --out runs/x`) must still work."""
+    monkeypatch.chdir(tmp_path)
+    server = RedisServer(directory="runs/x/redis").start()
+    try:
+        c = connect(server.url)
+        assert c.ping()
+        assert (tmp_path / "runs/x/redis/redis.log").exists()
+        c.close()
+    finally:
+        server.cleanup()
