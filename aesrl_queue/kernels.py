@@ -40,13 +40,13 @@ _lock = threading.Lock()
 _compiled: Any = None  # None: not tried yet; False: unavailable
 
 
-def _build() -> Any:
+def _build(cache: bool = True) -> Any:
     import numba  # noqa: PLC0415 (a second or so at first use, only in processes that tell)
 
     # No early exit and no floating-point sum in this loop: either would keep LLVM from
     # vectorising it (a strict float sum cannot be reordered), ~7x slower. Problems are OR-ed
     # into flags and reported after the loop; the outputs are fresh arrays, thrown away then.
-    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    @numba.njit(cache=cache, nogil=True, error_model="numpy")
     def aesrl_step(mu, var, z, p, n, floor, clip, mean_out, var_out, std_out):  # pragma: no cover (compiled)
         q = 1.0 - p
         f32_floor = np.float32(floor)
@@ -86,7 +86,7 @@ def _build() -> Any:
         return OK, changed
 
     # A statistic for the history, not part of the update: summed in any order.
-    @numba.njit(cache=True, nogil=True, fastmath=True)
+    @numba.njit(cache=cache, nogil=True, fastmath=True)
     def distance(a, b):  # pragma: no cover (compiled)
         s = 0.0
         for i in range(a.shape[0]):
@@ -106,15 +106,20 @@ def compiled() -> Any:
                 if os.environ.get(ENV_DISABLE, "").strip() not in ("", "0"):
                     _compiled = False
                 else:
-                    try:
-                        fn = _build()
-                        with warnings.catch_warnings():  # a read-only cache folder is not an error
-                            warnings.simplefilter("ignore")
-                            _warm(fn)
-                        _compiled = fn
-                    except Exception as exc:  # ImportError, or a numba that cannot compile here
-                        log.info("numba unavailable (%s); the scheduler uses the numpy update", exc)
-                        _compiled = False
+                    _compiled = False
+                    for cache in (True, False):  # no writable cache folder: compile in memory
+                        try:
+                            fns = _build(cache)
+                            with warnings.catch_warnings():  # a read-only cache folder is not an error
+                                warnings.simplefilter("ignore")
+                                _warm(fns)
+                            _compiled = fns
+                            break
+                        except ImportError as exc:
+                            log.info("numba is not installed (%s); the scheduler uses the numpy update", exc)
+                            break
+                        except Exception as exc:  # a numba that cannot compile (or cache) here
+                            log.warning("numba failed (cache=%s): %s", cache, exc)
     return _compiled or None
 
 
