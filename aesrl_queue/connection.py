@@ -154,6 +154,21 @@ def use_packer(client: redis.Redis) -> redis.Redis:
     return client
 
 
+def without_retries(client: redis.Redis) -> redis.Redis:
+    """A client on the same server and settings as `client` that never resends a command.
+
+    For writes that must happen at most once: redis-py resends a whole MULTI/EXEC when the link
+    drops after it was sent, and if Redis had already run it the second copy runs too. Without
+    retries the caller gets the ConnectionError and decides from what Redis holds.
+    """
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))
+
+
 def backoff_retry(retries: int = 8) -> Retry:
     """The retry policy of every client here: exponential backoff 0.1 s .. 2 s (~9 s in all for 8),
     a log line when Redis stops and starts answering, no retry of refused credentials."""

@@ -21,7 +21,7 @@ import redis
 from aesrl_queue import codec, kernels
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
-from aesrl_queue.connection import wait_until_reachable
+from aesrl_queue.connection import wait_until_reachable, without_retries
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.nets import init_actor_params
@@ -58,6 +58,9 @@ class AsyncScheduler:
                  stop_event: threading.Event | None = None, drain_timeout: float | None = None) -> None:
         self.r = client
         self.rb = blocking_client
+        # The apply's MULTI/EXEC must never be resent (a resend after a lost reply would apply a
+        # batch twice); a dropped link raises instead and run() resumes from what Redis holds.
+        self.r_once = without_retries(client)
         self.cfg = cfg
         self.store = Store(client, cfg.run_id)
         self.stop_event = stop_event or threading.Event()
@@ -150,6 +153,7 @@ class AsyncScheduler:
                 if not wait_until_reachable(self.r, f"scheduler of run {self.cfg.run_id}", exc, self.stop_event):
                     return "stopped"
                 self.dispatch.noise_ahead.close()
+                self.dists = DistCache(self.store)  # may hold versions that never reached Redis
                 self.setup()
 
     def _loop(self) -> str:
@@ -275,7 +279,7 @@ class AsyncScheduler:
     def _apply_batch(self, batch: list[tuple[str, Result | None, str]], refill: bool) -> None:
         """Apply results in stream order and commit them in one MULTI/EXEC (all or none: a crash
         before EXEC leaves last_result_id before the batch, and a restart re-applies all of it)."""
-        pipe = self.r.pipeline()
+        pipe = self.r_once.pipeline()
         if self._to_delete:
             pipe.delete(*self._to_delete)
             self._to_delete = []

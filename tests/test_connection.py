@@ -187,3 +187,46 @@ def test_a_private_server_in_a_relative_folder_starts(tmp_path, monkeypatch) -> 
         c.close()
     finally:
         server.cleanup()
+
+
+def test_a_client_without_retries_raises_where_the_usual_one_resends(client) -> None:
+    """The scheduler's apply pipeline must not be resent when the link drops after it was sent (a
+    resend after a lost EXEC reply would apply a batch twice): its client raises; the usual client
+    resends on a new connection. The link is cut while Redis holds the EXEC (CLIENT PAUSE WRITE)."""
+    import threading
+
+    from aesrl_queue.connection import without_retries
+
+    once = without_retries(client)
+    other = redis.Redis(**{k: v for k, v in client.connection_pool.connection_kwargs.items()
+                           if k in ("host", "port", "db", "password")})
+
+    def cut_while_paused(target: redis.Redis) -> threading.Thread:
+        cid = target.client_id()
+        other.client_pause(3000, all=False)  # WRITE pause: the EXEC waits in Redis
+
+        def cut() -> None:
+            time.sleep(0.5)
+            other.client_kill_filter(_id=cid)
+            other.client_unpause()
+
+        t = threading.Thread(target=cut)
+        t.start()
+        return t
+
+    t = cut_while_paused(client)
+    pipe = client.pipeline()
+    pipe.incr("n")
+    assert pipe.execute() == [1]  # resent on a new connection once the first link was cut
+    t.join()
+    t = cut_while_paused(once)
+    pipe = once.pipeline()
+    pipe.incr("n")
+    with pytest.raises(redis.ConnectionError):
+        pipe.execute()
+    t.join()
+    assert client.get("n") == b"1"  # the cut transaction did not run, and nothing resent it
+    pipe = once.pipeline()  # the next transaction works on a new connection
+    pipe.incr("n")
+    assert pipe.execute() == [2]
+    other.close()
