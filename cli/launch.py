@@ -36,8 +36,12 @@ log = logging.getLogger(__name__)
 PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
 
 
-class Terminated(Exception):
-    """SIGTERM or SIGHUP reached the launcher: stop the children and write the run folder."""
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP reached the launcher: stop the children and write the run folder.
+
+    A BaseException, like KeyboardInterrupt: raised from the handler inside whatever call is
+    running, it must not be swallowed by a library's `except Exception` (a SIGTERM that arrived
+    inside a redis-py call was once lost that way, and the run went on)."""
 
 
 def _json_safe(x):
@@ -214,8 +218,12 @@ def write_run_folder(run_dir: Path, store: Store) -> dict:
     return summary
 
 
+_received: list[str] = []  # signals seen by the handler: the loop checks it too, in case one was lost
+
+
 def _raise_terminated(signum, frame):
-    raise Terminated(signal.Signals(signum).name)
+    _received.append(signal.Signals(signum).name)
+    raise Terminated(_received[-1])
 
 
 _DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -237,6 +245,7 @@ def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, 
 
     run_dir = Path(out_dir) / cfg.run_id
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    _received.clear()
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     server = None
     kids = None
@@ -272,6 +281,8 @@ def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, 
         view = ProgressView(cfg, store.state()["steps"])
         while sched.poll() is None:
             time.sleep(1.0)
+            if _received:
+                raise Terminated(_received[0])
             for name, p in list(kids.procs):
                 if name != "scheduler" and p.poll() is not None and p.returncode not in (0, None):
                     view.say(f"warning: {name} exited with {p.returncode} (see {run_dir / 'logs' / (name + '.log')})")
