@@ -17,7 +17,7 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from aesrl_queue import codec, noise
+from aesrl_queue import codec, kernels, noise
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_TTL, Result, Store, decode_result, live_workers
@@ -50,6 +50,7 @@ class Dispatcher:
         self._workers: dict[str, dict[str, str]] = {}
         self._last_check = 0.0
         self.noise_ahead = NoiseAhead(cfg.actor_dim)
+        self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once, not per job
 
     # -- workers -------------------------------------------------------------------------------
     def workers(self, max_age: float = 1.0) -> dict[str, dict[str, str]]:
@@ -90,7 +91,7 @@ class Dispatcher:
             self.store.add_inflight(job_id, info, pipe=pipe)
             self.inflight[job_id] = info
             kwargs = {"run": cfg.run_id, "job": job_id, "kind": spec["kind"], "version": int(spec["version"]),
-                      "seed": int(spec["seed"]), "spec_hash": cfg.spec_hash,
+                      "seed": int(spec["seed"]), "spec_hash": self.spec_hash,
                       "rl_steps": int(spec.get("rl_steps", 0)), "random_actions": bool(spec.get("random", False))}
             by_queue[spec["kind"]].append(Queue.prepare_data(
                 JOB_FUNCTION, kwargs=kwargs, timeout=cfg.job_timeout, result_ttl=cfg.result_ttl,
@@ -134,7 +135,7 @@ class Dispatcher:
         mu, std = dists.get_std(res.version)
         eps = self.noise_ahead.take(res.job, res.seed)
         if eps is None or eps.size != mu.size:
-            eps = noise.job_noise(res.seed, mu.size)
+            eps = kernels.job_noise(res.seed, mu.size)
         return noise.shift(mu, std, eps)
 
     def note_duration(self, kind: str, seconds: float) -> None:
@@ -275,7 +276,7 @@ class NoiseAhead:
 
     def submit(self, job: str, seed: int) -> None:
         if self._pool is not None and len(self._futures) < self.limit:
-            self._futures[job] = (seed, self._pool.submit(noise.job_noise, seed, self.dim))
+            self._futures[job] = (seed, self._pool.submit(kernels.job_noise, seed, self.dim))
 
     def take(self, job: str, seed: int) -> np.ndarray | None:
         """ε of `job` if it was computed for this very seed, else None."""

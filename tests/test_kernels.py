@@ -117,3 +117,40 @@ def test_environment_switch_turns_the_kernel_off() -> None:
     out = subprocess.run([sys.executable, "-c", "from aesrl_queue import kernels; print(kernels.compiled())"],
                          env=env, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "None"
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3, 113, 4096, 32769, 129306])
+def test_compiled_noise_matches_the_numpy_noise_bit_for_bit(dim: int) -> None:
+    """The scheduler rebuilds ES individuals with the compiled Box-Muller, workers with numpy: one ε."""
+    from aesrl_queue import noise
+
+    seeds = [0, 1, 2**31 - 1, 2**62 + 12345, 2**63 - 1, *range(7, 7000, 997)]
+    for seed in seeds:
+        ref = noise.perturbation(seed, dim)
+        got = kernels.perturbation(seed, dim)
+        assert got.dtype == np.float32 and got.shape == (dim,)
+        assert np.array_equal(bits(got), bits(ref)), (seed, dim)
+    mirrored = noise.mirrored(seeds[3])
+    assert np.array_equal(bits(kernels.job_noise(mirrored, dim)), bits(noise.job_noise(mirrored, dim)))
+
+
+def test_compiled_noise_covers_every_quadrant_and_both_log_branches() -> None:
+    """Uniforms that hit each quadrant of θ (and q = 4) and both sides of the frexp test, exactly."""
+    k = kernels.compiled()
+    a = np.array([2.0**-53, 0.7071067811865476 / 2, 0.70710678118654757, 0.5, 0.9999999999999999, 0.25, 0.3, 0.8])
+    b = np.array([0.0625, 0.125, 0.3, 0.375, 0.5, 0.625, 0.875, 0.99999999])
+    u = np.empty(2 * a.size)
+    u[0::2], u[1::2] = a, b
+    out = np.empty(2 * a.size, np.float32)
+    k.box_muller(u, out)
+    ref = np.empty((a.size, 2))
+    from aesrl_queue import noise
+
+    noise._box_muller(a.copy(), b.copy(), ref)
+    assert np.array_equal(bits(out), bits(ref.astype(np.float32).reshape(-1)))
+
+
+def test_compiled_noise_rejects_what_the_numpy_noise_rejects() -> None:
+    for seed, dim in ((-1, 4), (2**64, 4), (1.5, 4), (True, 4), (3, -1), (3, 2.0)):
+        with pytest.raises(ValueError):
+            kernels.perturbation(seed, dim)

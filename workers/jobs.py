@@ -70,6 +70,7 @@ class _RunContext:
             self.store._config = load_config_blob(self.reader.config_blob(self.store.prefix))
         self.cfg = self.store.config()
         cfg = self.cfg
+        self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
         self.spec = NetSpec(
             obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action, hidden=tuple(cfg.hidden),
             activation=cfg.activation, critic_hidden=tuple(cfg.critic_hidden),
@@ -237,7 +238,7 @@ def run_job(
             raise JobRejected(f"job kind {kind!r} is not es/rl")
         ctx = _context(client, run)
         store = ctx.store
-        if spec_hash != ctx.cfg.spec_hash:
+        if spec_hash != ctx.spec_hash:
             raise JobRejected(
                 f"spec_hash {spec_hash} of the job does not match run {run}'s {ctx.cfg.spec_hash}: "
                 "the worker and the scheduler disagree on environment or network shape"
