@@ -110,6 +110,11 @@ class AsyncScheduler:
         self.f_mu_version = state.get("f_mu_version", -1)
         self.best = state.get("best_fitness", -math.inf)
         self._dispatched = int(state.get("dispatched", 0))  # only this loop writes it
+        # Counters only this loop writes: kept here and written as values with the rest of the
+        # state (one HSET per batch instead of an HINCRBY per counter and result).
+        self._applied = {name: int(state.get(name, 0)) for name in ("results_applied", "es_applied", "rl_applied")}
+        self._batch_state: dict[str, Any] | None = None
+        self._batch_forget: list[str] = []
         self._steps, self._interactions = int(state.get("steps", 0)), int(state.get("interactions", 0))
         # The best non-random individual's parameters are kept in `best` for `aesrl-queue export --which best`.
         self.best_kept = float(self.r.hget(store.key("best"), "fitness") or "-inf")
@@ -248,8 +253,14 @@ class AsyncScheduler:
             specs.append({"kind": kind, "version": self.version, "seed": seed, "n": n, "rl_steps": rl_steps,
                           "random": uses_rl(cfg) and steps < cfg.initial_steps})
             incr["dispatched"] += 1
-        self.dispatch.enqueue(specs, incr={k: v for k, v in incr.items() if v}, pipe=pipe)
-        self._dispatched += incr["dispatched"]
+        counts = {"dispatched": self._dispatched + incr["dispatched"], "n_rl": self.controller.n_rl,
+                  "n_es": self.controller.n_es}
+        if self._batch_state is not None:  # inside _apply_batch: one state HSET at its end
+            self._batch_state.update(counts)
+            self.dispatch.enqueue(specs, pipe=pipe)
+        else:
+            self.dispatch.enqueue(specs, state_fields=counts, pipe=pipe)
+        self._dispatched = counts["dispatched"]
 
     def _maybe_warn_no_critic(self, steps: int) -> None:
         if uses_rl(self.cfg) and steps >= self.cfg.initial_steps:
@@ -266,8 +277,8 @@ class AsyncScheduler:
         if counter:
             self.store.incr(counter, 1, pipe=pipe)
         if job:
-            self.dispatch.forget([job], pipe=pipe)
-        self.store.set_state(pipe=pipe, last_result_id=entry_id, updated_at=time.time())
+            self._batch_forget.append(job)
+        self._batch_state.update(last_result_id=entry_id, updated_at=time.time())
         self.last_id = entry_id
         if why:
             log.warning("run %s: %s", self.cfg.run_id, why)
@@ -284,6 +295,17 @@ class AsyncScheduler:
             pipe.delete(*self._to_delete)
             self._to_delete = []
         published = self.version
+        # State fields and finished jobs of the whole batch, written once each below.
+        self._batch_state, self._batch_forget = {}, []
+        try:
+            self._queue_batch(batch, refill, published, pipe)
+        finally:
+            self._batch_state, self._batch_forget = None, []
+        replies = pipe.execute()
+        if self._refs_at is not None:
+            self._drop_unreferenced(replies[self._refs_at], previous=published)
+
+    def _queue_batch(self, batch: list[tuple[str, Result | None, str]], refill: bool, published: int, pipe) -> None:
         for entry_id, res, err in batch:
             self._apply_one(entry_id, res, err, pipe)
         refs_at = None
@@ -295,9 +317,10 @@ class AsyncScheduler:
             pipe.hvals(self.store.key("refs"))
         if refill and self._steps < self.cfg.total_steps:
             self._fill(self._steps, pipe=pipe)
-        replies = pipe.execute()
-        if refs_at is not None:
-            self._drop_unreferenced(replies[refs_at], previous=published)
+        self.dispatch.forget(self._batch_forget, pipe=pipe)
+        if self._batch_state:
+            self.store.set_state(pipe=pipe, **self._batch_state)
+        self._refs_at = refs_at
 
     def _apply_one(self, entry_id: str, res: Result | None, err: str, pipe) -> None:
         cfg = self.cfg
@@ -309,7 +332,7 @@ class AsyncScheduler:
         if not res.ok:
             return self._skip(entry_id, "failed", res.job, f"job {res.job} failed on {res.worker}: "
                               f"{res.error.splitlines()[0] if res.error else '?'}", pipe)
-        if res.spec_hash != cfg.spec_hash:
+        if res.spec_hash != self.dispatch.spec_hash:
             return self._skip(entry_id, "rejected", res.job, f"result of {res.job} has spec_hash {res.spec_hash}, "
                               f"the run has {cfg.spec_hash}; rejected", pipe)
         if not finite(res.fitness) or res.length <= 0:
@@ -354,10 +377,11 @@ class AsyncScheduler:
                       last_p_rl=p if res.kind == "rl" else None, last_p_es=p if res.kind == "es" else None)
         if cfg.r == "auto":
             fields["r_used"] = getattr(self.dist, "r", 1.0)
-        self.store.set_state(pipe=pipe, **{k: v for k, v in fields.items() if v is not None})
-        self.store.incr("results_applied", 1, pipe=pipe)
-        self.store.incr(f"{res.kind}_applied", 1, pipe=pipe)
-        self.dispatch.forget([res.job], pipe=pipe)
+        self._applied["results_applied"] += 1
+        self._applied[f"{res.kind}_applied"] += 1
+        fields.update(self._applied)
+        self._batch_state.update((k, v) for k, v in fields.items() if v is not None)
+        self._batch_forget.append(res.job)
         if res.steps < 0:  # a result from a worker that does not report the counters
             self._stored_steps(max_age=0.0)
         entry = {"job": res.job, "kind": res.kind, "steps": self._steps, "interactions": self._interactions,
