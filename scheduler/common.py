@@ -201,10 +201,14 @@ class Dispatcher:
                     lost.append((job, f"queued for {waited:.0f}s"))
         return lost
 
-    def forget(self, jobs: list[str], pipe=None) -> None:
+    def release(self, jobs: list[str]) -> None:
+        """Stop tracking jobs in memory (their Redis entries go with `forget` or `store.forget_jobs`)."""
         for job in jobs:
             self.inflight.pop(job, None)
         self.noise_ahead.drop(jobs)
+
+    def forget(self, jobs: list[str], pipe=None) -> None:
+        self.release(jobs)
         self.store.forget_jobs(jobs, pipe=pipe)
 
 

@@ -277,6 +277,7 @@ class AsyncScheduler:
         if counter:
             self.store.incr(counter, 1, pipe=pipe)
         if job:
+            self.dispatch.release([job])  # at once: a second result of the job in this batch is stale
             self._batch_forget.append(job)
         self._batch_state.update(last_result_id=entry_id, updated_at=time.time())
         self.last_id = entry_id
@@ -315,9 +316,9 @@ class AsyncScheduler:
             pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state(arrays=False)))
             refs_at = len(pipe)
             pipe.hvals(self.store.key("refs"))
+        self.store.forget_jobs(self._batch_forget, pipe=pipe)
         if refill and self._steps < self.cfg.total_steps:
             self._fill(self._steps, pipe=pipe)
-        self.dispatch.forget(self._batch_forget, pipe=pipe)
         if self._batch_state:
             self.store.set_state(pipe=pipe, **self._batch_state)
         self._refs_at = refs_at
@@ -381,6 +382,7 @@ class AsyncScheduler:
         self._applied[f"{res.kind}_applied"] += 1
         fields.update(self._applied)
         self._batch_state.update((k, v) for k, v in fields.items() if v is not None)
+        self.dispatch.release([res.job])  # at once: a second result of the job in this batch is stale
         self._batch_forget.append(res.job)
         if res.steps < 0:  # a result from a worker that does not report the counters
             self._stored_steps(max_age=0.0)

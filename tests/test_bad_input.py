@@ -107,6 +107,30 @@ def test_forged_results_are_rejected_and_mu_never_moves(tmp_path, redis_url, cli
     assert len(in_flight()) >= 2
 
 
+def test_a_result_written_twice_in_one_batch_is_applied_once(tmp_path, redis_url, client, procs):
+    """Two ok results of one job that reach the scheduler in the same read (one MULTI here): the
+    first is applied, the second counted stale, even though the batch is written to Redis at once."""
+    run = "twice"
+    _es_run(tmp_path, procs, redis_url, run)
+    store = Store(client, run)
+    wait_for(lambda: store.exists() and client.hlen(store.key("inflight")) >= 2, 60, what="jobs in flight",
+             on_fail=procs.logs)
+    cfg = store.config()
+    job = sorted(store.inflight())[0]
+    fields = {"job": job, "status": "ok", "kind": "es", "version": 0, "seed": 7, "fitness": 5.0, "len": 10,
+              "f_mu": 0.0, "f_mu_version": 0, "worker": "twice", "spec_hash": cfg.spec_hash}
+    pipe = client.pipeline(transaction=True)
+    pipe.xadd(store.key("results"), fields)
+    pipe.xadd(store.key("results"), fields)
+    pipe.execute()
+    wait_for(lambda: store.state()["stale"] >= 1, 30, interval=0.1, what="the second copy to be dropped",
+             on_fail=procs.logs)
+    st = store.state()
+    assert st["results_applied"] == 1 and st["es_applied"] == 1 and st["stale"] == 1, st
+    assert [h["job"] for _, h in store.history()].count(job) == 1
+    assert job not in store.inflight()
+
+
 # -- real workers ----------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_nan_environment_fails_jobs_and_is_counted(tmp_path, redis_url, client, procs):
