@@ -189,19 +189,18 @@ class AesrlWorker(SimpleWorker):
 
     # -- RQ's own bookkeeping, in fewer round trips ---------------------------------------------------
     # A SimpleWorker refreshes its RQ worker key (HSET + 2 EXPIRE, one round trip each) three times
-    # per job and writes state "idle" twice; that is 10 of its ~21 round trips per job. Here the
-    # refresh is one pipelined round trip, skipped when the same TTL was set less than
-    # RQ_HEARTBEAT_EVERY seconds ago (the key lives worker_ttl + 60 s, 480 s by default), and
-    # "idle" is not written again when it is what this worker last wrote. What RQ stores is the same;
-    # `last_heartbeat` is at most RQ_HEARTBEAT_EVERY seconds old instead of a job old.
+    # per job and writes state "idle" twice; that is 11 of its ~21 round trips per job. Here the
+    # refresh is pipelined, skipped when the same TTL was set less than RQ_HEARTBEAT_EVERY seconds
+    # ago (the key lives worker_ttl + 60 s, 480 s by default), and sent with the "idle" state that
+    # follows a job; "idle" is not written again when it is what this worker last wrote. What RQ
+    # stores is the same; `last_heartbeat` is at most RQ_HEARTBEAT_EVERY seconds old instead of a job old.
     def heartbeat(self, timeout=None, pipeline=None):
         ttl = timeout or self.worker_ttl + 60
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
             self._rq_beat = (time.monotonic(), ttl)
             return
-        at, last_ttl = getattr(self, "_rq_beat", (-math.inf, None))
-        if last_ttl == ttl and time.monotonic() - at < RQ_HEARTBEAT_EVERY:
+        if not self._rq_beat_due(ttl):
             return
         try:
             pipe = self.connection.pipeline(transaction=False)
@@ -212,6 +211,10 @@ class AesrlWorker(SimpleWorker):
             return self.heartbeat(timeout)
         self._rq_beat = (time.monotonic(), ttl)
 
+    def _rq_beat_due(self, ttl: int) -> bool:
+        at, last_ttl = getattr(self, "_rq_beat", (-math.inf, None))
+        return last_ttl != ttl or time.monotonic() - at >= RQ_HEARTBEAT_EVERY
+
     def handle_execution_ended(self, job, queue, heartbeat_ttl):
         # RQ writes the job's last_heartbeat here in a round trip of its own; on success the job hash
         # is saved whole (last_heartbeat included) a moment later, in the success transaction.
@@ -220,9 +223,21 @@ class AesrlWorker(SimpleWorker):
         job.ended_at = job.last_heartbeat = now()
 
     def set_state(self, state, pipeline=None):
-        if pipeline is None and state == getattr(self, "_state", None) and state == WorkerStatus.IDLE:
+        if pipeline is not None or state != WorkerStatus.IDLE:
+            return super().set_state(state, pipeline)
+        if state == getattr(self, "_state", None):
             return
-        return super().set_state(state, pipeline)
+        # Back to idle after a job: the refresh that RQ's loop asks for next rides along.
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            super().set_state(state, pipe)
+            if self._rq_beat_due(self.worker_ttl + 60):
+                self.heartbeat(pipeline=pipe)
+            pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._wait_for_redis(exc, f"worker {self.name}")
+            self._state = None
+            return self.set_state(state)
 
     def _wait_for_redis(self, exc: BaseException, what: str) -> None:
         if not wait_until_reachable(self.connection, what, exc):
