@@ -427,7 +427,7 @@ def entry_bytes(fields: dict) -> int:
 
 def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: tuple[int, ...], n_apply: int,
                 n_breakdown: int, warm: int) -> dict[str, Any]:
-    from aesrl_queue import noise
+    from aesrl_queue import kernels, noise
     from scheduler.common import job_seed
     from scheduler.loop import AsyncScheduler
 
@@ -497,8 +497,12 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     t = time.perf_counter()
     reps = max(3, n_breakdown // 4)
     for i in range(reps):
-        noise.perturbation(i, dim)
+        kernels.perturbation(i, dim)  # what the scheduler runs (compiled Box-Muller)
     perturb_ms = (time.perf_counter() - t) / reps * 1e3
+    t = time.perf_counter()
+    for i in range(reps):
+        noise.perturbation(i, dim)  # what a worker runs (numpy, no numba there): the same bits
+    perturb_numpy_ms = (time.perf_counter() - t) / reps * 1e3
 
     # Bytes: the dist:{v} blobs a job downloads, an ES job hash and result entry, an RL job and ind:{job}.
     mu_len = client.hstrlen(store.key(f"dist:{sched.version}"), "mu")
@@ -527,6 +531,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
         "mean_ms": float(times.mean()), "max_ms": float(times.max()),
         "breakdown_mean_ms": {p: float(np.mean(v)) for p, v in parts.items()},
         "breakdown_total_mean_ms": float(np.mean(totals)), "perturbation_ms": perturb_ms,
+        "perturbation_numpy_ms": perturb_numpy_ms,
         "mu_bytes": mu_len, "var_bytes": var_len, "history_entry_bytes": entry_bytes(hist_entry),
         "es_result_entry_bytes": entry_bytes(es_entry), "rl_result_entry_bytes": entry_bytes(rl_entry),
         "ind_bytes": client.strlen(ind_key), "replay_entry_bytes": entry_bytes(replay_entry),
@@ -693,8 +698,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rows.add(f"apply_{lab}_part_{part}", f"  {lab} {desc}", v, "ms", total, "share of mean")
                 rows.add(f"apply_{lab}_part_other", f"  {lab} other (σ stats, norm, state fields, pack)",
                          total - named, "ms", total, "share of mean")
-                rows.add(f"apply_{lab}_perturbation", f"  {lab} ε per ES job, at dispatch on a background thread",
+                rows.add(f"apply_{lab}_perturbation", f"  {lab} ε per ES job in the scheduler (compiled; thread when >= 16k)",
                          a["perturbation_ms"], "ms", total, "share of mean")
+                rows.add(f"apply_{lab}_perturbation_numpy", f"  {lab} ε per job in a worker (numpy, same bits)",
+                         a["perturbation_numpy_ms"], "ms", a["perturbation_ms"], "compiled")
 
             phase("apply_done")
             print("[3/3] bytes per job", flush=True)
@@ -750,9 +757,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "what our job does that a no-op does not: Lua start-job (HEXISTS inflight, HMGET dist μ+var, 2 HSET); "
         "noise.sample of z; one env episode (1 step here) and one μ evaluation episode on the μ read at start; "
         "one Lua finish-job (XADD transitions to replay, HINCRBY x3, RPUSH index, XADD result with the "
-        "counters). The scheduler per result: XREAD, _apply (z = μ_v + σ_v·ε with ε computed at dispatch on "
-        "a background thread, tell, one MULTI/EXEC with HSET dist:{v}, state, history XADD, HVALS refs, "
-        "deferred DEL), and per fill one MULTI enqueue; steps come from the results, re-read once a second.",
+        "counters). The scheduler per batch of results: XREAD, _apply (z = μ_v + σ_v·ε, ε compiled, on a "
+        "background thread from 16k parameters; tell; one MULTI/EXEC with HSET dist:{v}, one state HSET, "
+        "history XADD per result, HDEL of the finished jobs, HVALS refs, deferred DEL and the refill jobs); "
+        "steps come from the results, re-read once a second.",
+        "AesrlWorker keeps RQ's records as SimpleWorker does but refreshes RQ's worker key at most every 5 s "
+        "and in the same round trip as the idle state (SimpleWorker: HSET + 2 EXPIRE, one round trip each, "
+        "three times per job): 10 round trips per no-op job instead of 21. The issue's reference is raw "
+        "SimpleWorker; the row 'vs AesrlWorker no-op' is the cost of the scheduler and the job protocol alone.",
         f"the scheduler runs in a thread of this process (AsyncScheduler.run), workers are "
         f"`{' '.join(['rq', 'worker', '-w', 'workers.AesrlWorker', '-u', 'URL', 'aesrl-rl', 'aesrl-es'])}`; "
         f"with {w} workers and queued_per_worker=1 there are {2 * w} jobs in flight.",
