@@ -46,13 +46,19 @@ def _es_run(tmp_path, procs, url: str, run: str, env_id: str = "AesrlNull-v0", *
     procs.cli("scheduler", "scheduler", "start", "--redis-url", url, "--config", str(cfg), "--run-id", run)
 
 
-# -- forged results: no worker at all, results planted in the stream --------------------------------
-def test_forged_results_are_rejected_and_mu_never_moves(tmp_path, redis_url, client, procs):
-    run = "bad-results"
-    _es_run(tmp_path, procs, redis_url, run)
+def _es_run_without_workers(tmp_path, procs, url: str, client, run: str) -> Store:
+    """`_es_run`, then wait until its scheduler has jobs in flight (no worker will take them)."""
+    _es_run(tmp_path, procs, url, run)
     store = Store(client, run)
     wait_for(lambda: store.exists() and client.hlen(store.key("inflight")) >= 2, 60, what="jobs in flight",
              on_fail=procs.logs)
+    return store
+
+
+# -- forged results: no worker at all, results planted in the stream --------------------------------
+def test_forged_results_are_rejected_and_mu_never_moves(tmp_path, redis_url, client, procs):
+    run = "bad-results"
+    store = _es_run_without_workers(tmp_path, procs, redis_url, client, run)
     cfg = store.config()
     mu0 = _dist(client, store)
 
@@ -110,11 +116,7 @@ def test_forged_results_are_rejected_and_mu_never_moves(tmp_path, redis_url, cli
 def test_a_result_written_twice_in_one_batch_is_applied_once(tmp_path, redis_url, client, procs):
     """Two ok results of one job that reach the scheduler in the same read (one MULTI here): the
     first is applied, the second counted stale, even though the batch is written to Redis at once."""
-    run = "twice"
-    _es_run(tmp_path, procs, redis_url, run)
-    store = Store(client, run)
-    wait_for(lambda: store.exists() and client.hlen(store.key("inflight")) >= 2, 60, what="jobs in flight",
-             on_fail=procs.logs)
+    store = _es_run_without_workers(tmp_path, procs, redis_url, client, "twice")
     cfg = store.config()
     job = sorted(store.inflight())[0]
     fields = {"job": job, "status": "ok", "kind": "es", "version": 0, "seed": 7, "fitness": 5.0, "len": 10,
