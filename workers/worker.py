@@ -212,7 +212,7 @@ class AesrlWorker(SimpleWorker):
         self._rq_beat = (time.monotonic(), ttl)
 
     def _rq_beat_due(self, ttl: int) -> bool:
-        at, last_ttl = getattr(self, "_rq_beat", (-math.inf, None))
+        at, last_ttl = getattr(self, "_rq_beat", None) or (-math.inf, None)
         return last_ttl != ttl or time.monotonic() - at >= RQ_HEARTBEAT_EVERY
 
     def handle_execution_ended(self, job, queue, heartbeat_ttl):
@@ -236,7 +236,7 @@ class AesrlWorker(SimpleWorker):
             pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._wait_for_redis(exc, f"worker {self.name}")
-            self._state = None
+            self._state = self._rq_beat = None  # neither reached Redis: send both again
             return self.set_state(state)
 
     def _wait_for_redis(self, exc: BaseException, what: str) -> None:
