@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import os
 import threading
 import warnings
@@ -198,19 +197,16 @@ def perturbation(seed: int, dim: int, fn: Kernels | None = None) -> np.ndarray:
     fns = fn or compiled()
     if fns is None:
         return noise.perturbation(seed, dim)
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 0:
-        raise ValueError(f"dim must be an int >= 0, got {dim!r}")
-    pairs = (int(dim) + 1) // 2
-    out = np.empty(int(dim), dtype=np.float32)
+    dim = noise.check_dim(dim)
+    pairs = (dim + 1) // 2
+    out = np.empty(dim, dtype=np.float32)
     fns.box_muller(noise.uniforms(seed, 2 * pairs), out)
     return out
 
 
 def job_noise(seed: int, dim: int) -> np.ndarray:
     """`noise.job_noise` (ε of a job seed, mirrored seeds negated) through `perturbation` above."""
-    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and noise.SEED_LIMIT <= seed < 2 * noise.SEED_LIMIT:
-        return np.negative(perturbation(int(seed) - noise.SEED_LIMIT, dim))
-    return perturbation(seed, dim)
+    return noise.job_noise(seed, dim, perturb=perturbation)
 
 
 def aesrl_step(mu: np.ndarray, var: np.ndarray, z: np.ndarray, p: float, n: float, floor: float,

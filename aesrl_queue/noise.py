@@ -126,12 +126,16 @@ def uniforms(seed: int, count: int) -> np.ndarray:
     return u
 
 
+def check_dim(dim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 0:
+        raise ValueError(f"dim must be an int >= 0, got {dim!r}")
+    return int(dim)
+
+
 def perturbation(seed: int, dim: int) -> np.ndarray:
     """`dim` float32 standard normals from `seed`, identical on every machine (see module docstring)."""
     seed = _check_seed(seed)
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 0:
-        raise ValueError(f"dim must be an int >= 0, got {dim!r}")
-    pairs = (int(dim) + 1) // 2
+    pairs = (check_dim(dim) + 1) // 2
     u = uniforms(seed, 2 * pairs).reshape(pairs, 2)
     out = np.empty((pairs, 2), dtype=np.float32)
     buf = np.empty((min(_CHUNK_PAIRS, pairs), 2), dtype=np.float64)
@@ -166,12 +170,13 @@ def mirrored(seed: int) -> int:
     return _check_seed(seed) + SEED_LIMIT
 
 
-def job_noise(seed: int, dim: int) -> np.ndarray:
+def job_noise(seed: int, dim: int, perturb=perturbation) -> np.ndarray:
     """The signed ε of a job seed: ε(seed), or −ε(s) for seed = mirrored(s). Depends on no μ/var,
-    so a scheduler can compute it while the job runs and finish `sample` later with `shift`."""
+    so a scheduler can compute it while the job runs and finish `sample` later with `shift`.
+    `perturb` computes ε(s); the scheduler passes the compiled `kernels.perturbation` (same bits)."""
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and SEED_LIMIT <= seed < 2 * SEED_LIMIT:
-        return np.negative(perturbation(int(seed) - SEED_LIMIT, dim))
-    return perturbation(seed, dim)
+        return np.negative(perturb(int(seed) - SEED_LIMIT, dim))
+    return perturb(seed, dim)
 
 
 def shift(mu: np.ndarray, std: np.ndarray, eps: np.ndarray) -> np.ndarray:

@@ -277,8 +277,7 @@ class AsyncScheduler:
         if counter:
             self.store.incr(counter, 1, pipe=pipe)
         if job:
-            self.dispatch.release([job])  # at once: a second result of the job in this batch is stale
-            self._batch_forget.append(job)
+            self._finished(job)
         self._batch_state.update(last_result_id=entry_id, updated_at=time.time())
         self.last_id = entry_id
         if why:
@@ -299,14 +298,22 @@ class AsyncScheduler:
         # State fields and finished jobs of the whole batch, written once each below.
         self._batch_state, self._batch_forget = {}, []
         try:
-            self._queue_batch(batch, refill, published, pipe)
+            refs_at = self._queue_batch(batch, refill, published, pipe)
         finally:
             self._batch_state, self._batch_forget = None, []
         replies = pipe.execute()
-        if self._refs_at is not None:
-            self._drop_unreferenced(replies[self._refs_at], previous=published)
+        if refs_at is not None:
+            self._drop_unreferenced(replies[refs_at], previous=published)
 
-    def _queue_batch(self, batch: list[tuple[str, Result | None, str]], refill: bool, published: int, pipe) -> None:
+    def _finished(self, job: str) -> None:
+        """A job of the batch is done: out of memory at once (a second result of it in this batch is
+        then stale), out of Redis with the batch's one HDEL per hash."""
+        self.dispatch.release([job])
+        self._batch_forget.append(job)
+
+    def _queue_batch(self, batch: list[tuple[str, Result | None, str]], refill: bool, published: int,
+                     pipe) -> int | None:
+        """Queue the batch's writes on `pipe`; the index of the HVALS refs reply, if μ/var moved."""
         for entry_id, res, err in batch:
             self._apply_one(entry_id, res, err, pipe)
         refs_at = None
@@ -321,7 +328,7 @@ class AsyncScheduler:
             self._fill(self._steps, pipe=pipe)
         if self._batch_state:
             self.store.set_state(pipe=pipe, **self._batch_state)
-        self._refs_at = refs_at
+        return refs_at
 
     def _apply_one(self, entry_id: str, res: Result | None, err: str, pipe) -> None:
         cfg = self.cfg
@@ -382,8 +389,7 @@ class AsyncScheduler:
         self._applied[f"{res.kind}_applied"] += 1
         fields.update(self._applied)
         self._batch_state.update((k, v) for k, v in fields.items() if v is not None)
-        self.dispatch.release([res.job])  # at once: a second result of the job in this batch is stale
-        self._batch_forget.append(res.job)
+        self._finished(res.job)
         if res.steps < 0:  # a result from a worker that does not report the counters
             self._stored_steps(max_age=0.0)
         entry = {"job": res.job, "kind": res.kind, "steps": self._steps, "interactions": self._interactions,

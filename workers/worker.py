@@ -83,6 +83,7 @@ class AesrlWorker(SimpleWorker):
     """SimpleWorker + JSON + allowlist + one torch thread + a fast heartbeat."""
 
     def __init__(self, queues=None, *args, **kwargs):
+        self._rq_beat: tuple[float, int] | None = None  # (when, TTL) of the last refresh of RQ's worker key
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = AllowlistJob
         if not queues:
@@ -212,7 +213,7 @@ class AesrlWorker(SimpleWorker):
         self._rq_beat = (time.monotonic(), ttl)
 
     def _rq_beat_due(self, ttl: int) -> bool:
-        at, last_ttl = getattr(self, "_rq_beat", None) or (-math.inf, None)
+        at, last_ttl = self._rq_beat or (-math.inf, None)
         return last_ttl != ttl or time.monotonic() - at >= RQ_HEARTBEAT_EVERY
 
     def handle_execution_ended(self, job, queue, heartbeat_ttl):
