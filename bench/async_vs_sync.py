@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -145,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="W in (1, 4), few evaluations; under a minute")
     ap.add_argument("--evals", type=int, default=0, help="evaluations per configuration (default by mode)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON results path (default: bench/results/async_vs_sync.json; --quick: a temporary folder)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="aesrl-bench-")) / DEFAULT_OUT.name if args.quick else DEFAULT_OUT
     mode = dict(MODES["quick" if args.quick else "full"])
     if args.evals:
         mode["evals"] = args.evals

@@ -289,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wall", type=float, default=0.0, help="wall-clock budget in seconds to report f(μ) at")
     ap.add_argument("--algos", default="", help=f"comma-separated subset of {','.join(ALGOS)}")
     ap.add_argument("--workers", type=int, default=0, help="rq worker processes (default 2)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON results path (default: bench/results/compare.json; --quick: a temporary folder)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="aesrl-bench-")) / DEFAULT_OUT.name if args.quick else DEFAULT_OUT
     # SIGTERM unwinds like Ctrl-C, so the workers, schedulers and Redis this run started are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     result = run(args)

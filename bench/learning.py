@@ -1,22 +1,51 @@
-"""Learning per hour: AES-RL against our TD3 and serial CEM-RL, f(μ) against steps and wall clock.
+"""Learning benchmark: AES-RL (adaptive and paper r) against our TD3, serial CEM-RL and SB3's TD3.
 
-Each (environment, algorithm, seed) is one `aesrl-queue run` (embedded Redis, local critic and
-workers) writing a run folder; the table reads the folders, and `aesrl-queue plot` draws the curves.
-Budgets and network sizes are cut to fit a 2-core machine and are printed with the table.
+Full mode runs HalfCheetah-v5 and Hopper-v5 at 100,000 stored steps with seeds 1, 2, 3 for the
+algorithms `aesrl` (the default fitness scale), `aesrl-paper` (`--r paper`), `td3`, `cemrl` and
+`sb3-td3` (Stable-Baselines3's TD3 with our TD3's settings, bench/sb3_td3.py), and `--algo es` on
+Pendulum-v1 at 1,000,000 stored steps (target: mean f(μ) ≥ −400). Every algorithm of an environment
+shares the paper's networks (actor 400-300, critic 400-300) and 10,000 random steps; queue runs use
+2 workers.
 
-Usage: python bench/learning.py [--quick] [--envs Pendulum-v1,HalfCheetah-v5] [--seeds 2] [--out-dir DIR]
+Each (env, algo, seed) cell is one subprocess (`python -m cli.main run ...`, or bench/sb3_td3.py)
+writing a run folder. As soon as a cell finishes, one row is appended to learning.json, and a rerun
+skips the cells already there, so the table fills over several sittings. A failed or timed-out cell
+is reported and not recorded.
+
+Layout (OUT = bench/results; --quick: a new temporary folder unless --out-dir is given):
+    OUT/learning.json                          {"rows": [row, ...]}, one row per finished cell
+    OUT/learning/<env>/<algo>-s<seed>/         run folder (git-ignored), beside it .log and .config.json
+    OUT/learning/curves-<env>.png              f(μ) against stored steps, wall clock and interactions
+A row: {"env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s"} where
+final/qNN = mean f(μ) over the last tenth of [0, NN % of budget_steps] of stored steps (μ evaluations of
+the run folder; for td3 and sb3-td3 the deterministic actor, 5 episodes every 5,000 steps) and
+interactions = every environment step, f(μ) evaluation episodes included; plus "steps", "curve"
+([stored steps, interactions, elapsed s, f(μ)], block means, at most 200 points), "settings",
+"command", "date", "commit", "loadavg_start", "loadavg_end", "cores".
+
+Usage:
+    python bench/learning.py                       run every missing cell (seed-major), then report
+    python bench/learning.py --max-hours 2.5       ... but start no new cell after 2.5 hours
+    python bench/learning.py --cells Hopper-v5:td3:1,Hopper-v5:aesrl:1
+    python bench/learning.py --envs Hopper-v5 --algos aesrl,td3 --seeds 1,2
+    python bench/learning.py --report              tables and plots from learning.json only
+    python bench/learning.py --quick               tiny Pendulum-v1 budget, temporary folder
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
-import platform
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,169 +55,496 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-DEFAULT_DIR = ROOT / "bench" / "results" / "learning"
-ALGOS = ("aesrl", "td3", "cemrl")
+RESULTS = ROOT / "bench" / "results"
+ALGOS = ("aesrl", "aesrl-paper", "td3", "cemrl", "sb3-td3", "es")
+# `aesrl-queue run` options of each algorithm (sb3-td3 runs bench/sb3_td3.py instead).
+RUN_ARGS = {
+    "aesrl": ["--algo", "aesrl"],
+    "aesrl-paper": ["--algo", "aesrl", "--r", "paper"],
+    "td3": ["--algo", "td3"],
+    "cemrl": ["--algo", "cemrl"],
+    "es": ["--algo", "es"],
+}
+ROW_FIELDS = ("env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s")
+MARKS = {"q25": 0.25, "q50": 0.5, "final": 1.0}
+ES_TARGET = -400.0  # issue 14: `--algo es` learns Pendulum-v1 to a mean f(μ) ≥ −400 within 1M steps
+CURVE_POINTS = 200
 
-# Budgets that fit this machine (2 cores: workers, critic daemon and scheduler share them).
-SETTINGS = {
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What every algorithm of one environment shares; None keeps the project's preset."""
+
+    steps: int  # budget of stored environment steps
+    algos: tuple[str, ...]
+    hidden: str | None = None  # actor hidden layers
+    critic_hidden: str | None = None
+    random_steps: int | None = None  # initial_steps (ES, AES-RL, CEM-RL) and td3_start_steps (TD3, SB3)
+    eval_every: int = 5000  # td3, sb3-td3: stored steps between evaluations of the deterministic actor
+    extra: dict[str, Any] = field(default_factory=dict)  # other RunConfig fields (quick mode)
+    timeout_min: float = 90.0  # a cell still running after this is killed and not recorded
+
+    def describe(self) -> str:
+        parts = [f"{self.steps:,} stored steps"]
+        if self.hidden:
+            parts.append(f"actor {self.hidden.replace(',', '-')}, critic {self.critic_hidden.replace(',', '-')}")
+        else:
+            parts.append("the project's preset networks")
+        if self.random_steps is not None:
+            parts.append(f"{self.random_steps:,} random steps for every algorithm")
+        if "td3" in self.algos or "sb3-td3" in self.algos:
+            parts.append(f"TD3/SB3 f(μ) every {self.eval_every:,} steps")
+        parts += [f"{k}={v}" for k, v in self.extra.items()]
+        return "; ".join(parts)
+
+
+PAPER = dict(hidden="400,300", critic_hidden="400,300", random_steps=10_000, eval_every=5000)
+MODES: dict[str, dict[str, EnvSettings]] = {
     "full": {
-        "Pendulum-v1": {"steps": 20_000, "hidden": "64,64", "critic_hidden": "256,256", "initial_steps": 2_000,
-                        "td3_start_steps": 2_000, "td3_eval_every": 1_000},
-        "HalfCheetah-v5": {"steps": 30_000, "hidden": "64,64", "critic_hidden": "256,256", "initial_steps": 5_000,
-                           "td3_start_steps": 5_000, "td3_eval_every": 2_000},
+        "HalfCheetah-v5": EnvSettings(100_000, ALGOS[:5], **PAPER),
+        "Hopper-v5": EnvSettings(100_000, ALGOS[:5], **PAPER),
+        "Pendulum-v1": EnvSettings(1_000_000, ("es",)),  # the ES alone, with the Pendulum preset
     },
     "quick": {
-        "Pendulum-v1": {"steps": 1_200, "hidden": "16,16", "critic_hidden": "32,32", "initial_steps": 400,
-                        "td3_start_steps": 400, "td3_eval_every": 200, "batch_size": 32, "critic_chunk": 50, "rl_steps_max": 100},
+        "Pendulum-v1": EnvSettings(1_200, ("aesrl", "td3", "cemrl", "sb3-td3", "es"), hidden="16,16",
+                                   critic_hidden="32,32", random_steps=400, eval_every=200, timeout_min=3.0,
+                                   extra={"batch_size": 32, "critic_chunk": 50, "rl_steps_max": 100}),
     },
 }
+FULL_SEEDS = (1, 2, 3)
+WORKERS = 2
 
 
-def run_folder(out_dir: Path, env: str, algo: str, seed: int) -> Path:
-    return out_dir / env / f"{algo}-s{seed}"
+@dataclass(frozen=True)
+class Cell:
+    env: str
+    algo: str
+    seed: int
+
+    def __str__(self) -> str:
+        return f"{self.env}:{self.algo}:{self.seed}"
 
 
-def launch(out_dir: Path, env: str, algo: str, seed: int, settings: dict[str, Any], workers: int,
-           timeout: float) -> tuple[Path, float, int]:
-    """One `aesrl-queue run`; returns (run folder, wall seconds, exit code)."""
-    run_id = f"learn-{env.split('-')[0].lower()}-{algo}-s{seed}"
-    dest = out_dir / env
-    dest.mkdir(parents=True, exist_ok=True)
-    cfg = {k: v for k, v in settings.items() if k not in ("steps", "hidden", "critic_hidden")}
-    cfg_file = dest / f".{algo}-s{seed}.json"
-    cfg_file.write_text(json.dumps(cfg))
-    cmd = [sys.executable, "-m", "cli.main", "run", "--env", env, "--algo", algo, "--seed", str(seed),
-           "--steps", str(settings["steps"]), "--hidden", settings["hidden"],
-           "--critic-hidden", settings["critic_hidden"], "--workers", str(workers), "--out", str(dest),
-           "--run-id", run_id, "--config", str(cfg_file)]
-    env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env_vars.pop("AESRL_REDIS_URL", None)
+# -- which cells ---------------------------------------------------------------------------------------
+def select_cells(settings: dict[str, EnvSettings], envs: list[str], algos: list[str], seeds: list[int],
+                 order: str) -> list[Cell]:
+    cells = [Cell(env, algo, seed) for env, s in settings.items() if not envs or env in envs
+             for algo in s.algos if not algos or algo in algos for seed in seeds]
+    if order == "seed":  # seed 1 of every env and algo first: a partial bench still covers everything
+        cells.sort(key=lambda c: c.seed)  # stable: env and algo keep their order within a seed
+    return cells
+
+
+def parse_cells(text: str, settings: dict[str, EnvSettings]) -> list[Cell]:
+    cells = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        try:
+            env, algo, seed = item.split(":")
+            cell = Cell(env, algo, int(seed))
+        except ValueError:
+            raise SystemExit(f"--cells: expected env:algo:seed, got {item!r}") from None
+        if env not in settings or algo not in settings[env].algos:
+            known = ", ".join(f"{e}:{{{','.join(s.algos)}}}" for e, s in settings.items())
+            raise SystemExit(f"--cells: {item!r} is not a cell of this mode; known: {known}")
+        cells.append(cell)
+    return cells
+
+
+# -- learning.json ---------------------------------------------------------------------------------------
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    return data["rows"] if isinstance(data, dict) else data
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """Append one row; written to a temporary file and renamed, so an interrupted write loses nothing."""
+    rows = load_rows(path) + [row]
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"rows": rows}, indent=1, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def row_key(env: str, algo: str, seed: int, budget: int) -> tuple[str, str, int, int]:
+    return (env, algo, int(seed), int(budget))
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+# -- one cell --------------------------------------------------------------------------------------------
+def cell_command(cell: Cell, s: EnvSettings, env_dir: Path, cfg_file: Path | None) -> list[str]:
+    name = f"{cell.algo}-s{cell.seed}"
+    if cell.algo == "sb3-td3":
+        cmd = [sys.executable, str(ROOT / "bench" / "sb3_td3.py"), "--env", cell.env, "--seed", str(cell.seed),
+               "--steps", str(s.steps), "--out", str(env_dir / name), "--eval-every", str(s.eval_every)]
+        if s.random_steps is not None:
+            cmd += ["--start-steps", str(s.random_steps)]
+    else:
+        cmd = [sys.executable, "-m", "cli.main", "run", "--env", cell.env, *RUN_ARGS[cell.algo],
+               "--seed", str(cell.seed), "--steps", str(s.steps), "--workers", str(WORKERS),
+               "--out", str(env_dir), "--run-id", name]
+    if s.hidden:
+        cmd += ["--hidden", s.hidden, "--critic-hidden", s.critic_hidden]
+    if cfg_file is not None:
+        cmd += ["--config", str(cfg_file)]
+    return cmd
+
+
+def cell_config(cell: Cell, s: EnvSettings) -> dict[str, Any]:
+    """RunConfig fields given through --config: the shared random phase, TD3's evaluation period, extras."""
+    cfg = dict(s.extra)
+    if s.random_steps is not None:
+        cfg.update(initial_steps=s.random_steps, td3_start_steps=s.random_steps)
+    if cell.algo in ("td3", "sb3-td3"):
+        cfg["td3_eval_every"] = s.eval_every
+    if cfg and cell.algo != "sb3-td3":
+        cfg["env_id"] = cell.env  # `--config FILE` needs the environment in the file
+    return cfg
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the cell's process group (the run stops its workers, critic and Redis), SIGKILL after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_cell(cell: Cell, s: EnvSettings, runs_dir: Path) -> tuple[Path, float, str, list[str]]:
+    """Run one cell in its own process group; returns (run folder, wall s, outcome, command)."""
+    env_dir = runs_dir / cell.env
+    env_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{cell.algo}-s{cell.seed}"
+    folder, log_path = env_dir / name, env_dir / f"{name}.log"
+    if folder.exists():  # left by a failed or interrupted attempt
+        shutil.rmtree(folder)
+    cfg = cell_config(cell, s)
+    cfg_file = None
+    if cfg:
+        cfg_file = env_dir / f"{name}.config.json"
+        cfg_file.write_text(json.dumps(cfg))
+    cmd = cell_command(cell, s, env_dir, cfg_file)
+    env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env_vars.pop("AESRL_REDIS_URL", None)  # every cell starts its own embedded Redis
     t0 = time.monotonic()
-    with open(dest / f".{algo}-s{seed}.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    wall = time.monotonic() - t0
-    folder = dest / run_id
-    if folder.exists():
-        final = run_folder(out_dir, env, algo, seed)
-        if final.exists():
-            import shutil
-
-            shutil.rmtree(final)
-        folder.rename(final)
-        folder = final
-    return folder, wall, proc.returncode
-
-
-def f_mu_at(evals: list[dict[str, Any]], key: str, x: float) -> float:
-    """Mean f(μ) of the evaluations in the last 10% of [0, x] on axis `key` (NaN if none)."""
-    pts = [(r[key], r["f_mu"]) for r in evals if isinstance(r.get(key), int | float) and r[key] <= x]
-    if not pts:
-        return math.nan
-    lo = 0.9 * x
-    window = [f for k, f in pts if k >= lo] or [pts[-1][1]]
-    return float(np.mean(window))
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=s.timeout_min * 60)
+            outcome = "ok" if rc == 0 else f"exit {rc}"
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            outcome = f"timed out after {s.timeout_min:g} min"
+        except BaseException:  # Ctrl-C or SIGTERM of the bench: take the cell down with it
+            kill_group(proc)
+            raise
+    return folder, time.monotonic() - t0, outcome, cmd
 
 
-def summarise(folder: Path, budget: int, wall_marks: list[float]) -> dict[str, Any]:
+# -- reading a finished run ------------------------------------------------------------------------------
+def window_mean(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+    """Mean of ys over the last tenth of [0, x] of xs (xs sorted); the last value before x when that
+    tenth is empty; NaN when nothing came before x. Evaluations after the budget (jobs that were
+    running when it ran out) never count."""
+    inside = (xs >= 0.9 * x) & (xs <= x)
+    if inside.any():
+        return float(ys[inside].mean())
+    before = xs <= x
+    return float(ys[before][-1]) if before.any() else math.nan
+
+
+def thin(points: np.ndarray, n: int = CURVE_POINTS) -> np.ndarray:
+    """At most n rows: means of consecutive blocks of rows."""
+    if len(points) <= n:
+        return points
+    return np.vstack([b.mean(axis=0) for b in np.array_split(points, n)])
+
+
+def summarise(folder: Path, budget: int) -> dict[str, Any]:
+    """q25/q50/final, interactions and the thinned curve of one run folder."""
     from cli.plot import load_run
 
     run = load_run(folder)
-    evals = run.evals
-    out = {"folder": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder),
-           "evals": len(evals), "elapsed_s": max((r.get("elapsed") or 0.0) for r in evals)}
-    for frac in (0.25, 0.5, 1.0):
-        out[f"f_mu_steps_{int(frac * 100)}"] = f_mu_at(evals, "steps", frac * budget)
-    for w in wall_marks:
-        out[f"f_mu_wall_{int(w)}s"] = f_mu_at(evals, "elapsed", w)
+    pts = np.array([[e["steps"], e.get("interactions") or np.nan, e.get("elapsed") or np.nan, e["f_mu"]]
+                    for e in run.evals], dtype=float)
+    out: dict[str, Any] = {k: window_mean(pts[:, 0], pts[:, 3], frac * budget)
+                           for k, frac in MARKS.items()}
+    summary_path = folder / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    counted = [r.get("interactions") for r in run.updates + run.evals]
+    out["interactions"] = int(summary.get("interactions") or max(x for x in counted if x is not None))
+    out["steps"] = int(summary.get("steps") or pts[:, 0].max())
+    out["n_evals"] = len(pts)
+    out["curve"] = [[round(float(v), 3) for v in p] for p in thin(pts)]
     return out
 
 
-def render(rows: list[dict[str, Any]], wall_marks: list[float]) -> str:
-    head = ["env", "algo", "seeds", "f(μ)@25%", "f(μ)@50%", "f(μ)@100%"] + [f"f(μ)@{int(w)}s" for w in wall_marks]
-    head += ["wall s"]
-    lines = [" | ".join(f"{h:>14}" for h in head), "-+-".join("-" * 14 for _ in head)]
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
-    def cell(vals: list[float]) -> str:
-        vals = [v for v in vals if math.isfinite(v)]
-        if not vals:
-            return "-"
-        return f"{np.mean(vals):.1f}±{np.std(vals):.1f}" if len(vals) > 1 else f"{vals[0]:.1f}"
 
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["env"], r["algo"]), []).append(r)
-    for (env, algo), rs in groups.items():
-        cells = [env, algo, str(len(rs))]
-        cells += [cell([r[f"f_mu_steps_{p}"] for r in rs]) for p in (25, 50, 100)]
-        cells += [cell([r[f"f_mu_wall_{int(w)}s"] for r in rs]) for w in wall_marks]
-        cells += [f"{np.mean([r['wall_s'] for r in rs]):.0f}"]
-        lines.append(" | ".join(f"{c:>14}" for c in cells))
+# -- report ----------------------------------------------------------------------------------------------
+def groups(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
+    """Rows by (env, budget, algo), in the order of ALGOS."""
+    out: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    rank = {a: i for i, a in enumerate(ALGOS)}
+    for r in sorted(rows, key=lambda r: (r["env"], r["budget_steps"], rank.get(r["algo"], 99), r["seed"])):
+        out.setdefault((r["env"], r["budget_steps"], r["algo"]), []).append(r)
+    return out
+
+
+def mean_std(vals: list[float]) -> str:
+    vals = [v for v in vals if v is not None and math.isfinite(v)]
+    if not vals:
+        return "-"
+    return f"{np.mean(vals):.0f} ± {np.std(vals):.0f}" if len(vals) > 1 else f"{vals[0]:.0f}"
+
+
+def render(head: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    lines = [" | ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)),
+             "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
     return "\n".join(lines)
 
 
+def table_steps(rows: list[dict[str, Any]]) -> str:
+    head = ["env", "algo", "seeds", "stored steps", "interactions", "f(μ) @25%", "@50%", "@100%", "wall min"]
+    body = [[env, algo, str(len(rs)), f"{budget:,}", f"{np.mean([r['interactions'] for r in rs]):,.0f}",
+             mean_std([r["q25"] for r in rs]), mean_std([r["q50"] for r in rs]), mean_std([r["final"] for r in rs]),
+             f"{np.mean([r['wall_s'] for r in rs]) / 60:.1f}"]
+            for (env, budget, algo), rs in groups(rows).items()]
+    return render(head, body)
+
+
+def at_interactions(row: dict[str, Any], x: float) -> float:
+    """f(μ) of one run over the last tenth of [0, x] environment interactions (NaN if it never got there)."""
+    curve = np.array(row["curve"], dtype=float)
+    if row["interactions"] < x or not len(curve):
+        return math.nan
+    ok = np.isfinite(curve[:, 1])
+    return window_mean(curve[ok, 1], curve[ok, 3], x)
+
+
+def table_interactions(rows: list[dict[str, Any]]) -> str:
+    """Per env: f(μ) at the interactions the cheapest run reached, and at interactions = the step budget."""
+    envs = sorted({(r["env"], r["budget_steps"]) for r in rows})
+    lines = []
+    for env, budget in envs:
+        env_rows = [r for r in rows if r["env"] == env and r["budget_steps"] == budget]
+        if len({r["algo"] for r in env_rows}) < 2:
+            continue
+        cheapest = min(env_rows, key=lambda r: r["interactions"])
+        common = cheapest["interactions"]
+        marks = sorted({common, budget})
+        head = ["env", "algo", "seeds", "interactions at end"] + [f"f(μ) @{m:,} inter." for m in marks]
+        body = [[env, algo, str(len(rs)), f"{np.mean([r['interactions'] for r in rs]):,.0f}"]
+                + [mean_std([at_interactions(r, m) for r in rs]) for m in marks]
+                for (e, b, algo), rs in groups(env_rows).items()]
+        lines.append(f"{env}: {common:,} = the fewest interactions of any run ({cheapest['algo']} seed "
+                     f"{cheapest['seed']}); {budget:,} = the stored-step budget")
+        lines.append(render(head, body))
+    return "\n".join(lines)
+
+
+def es_line(rows: list[dict[str, Any]]) -> str:
+    es = [r for r in rows if r["env"] == "Pendulum-v1" and r["algo"] == "es"]
+    if not es:
+        return "Pendulum-v1 --algo es: no finished seed yet"
+    lines = []
+    for budget in sorted({r["budget_steps"] for r in es}):
+        rs = [r for r in es if r["budget_steps"] == budget]
+        mean = float(np.mean([r["final"] for r in rs]))
+        verdict = "met" if mean >= ES_TARGET else "missed"
+        per_seed = ", ".join(f"{r['final']:.0f}" for r in rs)
+        lines.append(f"Pendulum-v1 --algo es at {budget:,} stored steps: final f(μ) {mean_std([r['final'] for r in rs])} "
+                     f"over {len(rs)} seed(s) (per seed: {per_seed}); target mean ≥ {ES_TARGET:.0f}: {verdict}")
+    return "\n".join(lines)
+
+
+def settings_lines(rows: list[dict[str, Any]]) -> list[str]:
+    seen: dict[str, str] = {}
+    for r in rows:
+        seen.setdefault(f"{r['env']} ({r['budget_steps']:,} steps)", r.get("settings", {}).get("describe", "?"))
+    return [f"  {k}: {v}" for k, v in seen.items()]
+
+
+def plot_env(rows: list[dict[str, Any]], env: str, path: Path) -> None:
+    """f(μ) against stored steps, wall clock and interactions: mean ± std over seeds, from the rows' curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axes_spec = [(0, "stored env steps", 1.0), (2, "wall clock (min)", 1 / 60), (1, "env interactions", 1.0)]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    budgets = sorted({r["budget_steps"] for r in rows if r["env"] == env})
+    for (e, budget, algo), rs in groups(rows).items():
+        if e != env:
+            continue
+        label = f"{algo} ({len(rs)} seed{'s' if len(rs) > 1 else ''})"
+        if len(budgets) > 1:
+            label += f", budget {budget:,}"
+        for ax, (col, xlabel, scale) in zip(axes, axes_spec, strict=True):
+            curves = [np.array(r["curve"], dtype=float) for r in rs]
+            curves = [c[np.isfinite(c[:, col])] for c in curves]
+            curves = [c for c in curves if len(c)]
+            if not curves:
+                continue
+            hi = min(c[:, col].max() for c in curves)
+            grid = np.linspace(min(c[:, col].min() for c in curves), hi, 100)
+            ys = np.vstack([np.interp(grid, c[:, col], c[:, 3], left=np.nan) for c in curves])
+            mean, std = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0)
+            line, = ax.plot(grid * scale, mean, label=label)
+            ax.fill_between(grid * scale, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+            ax.set_xlabel(xlabel)
+    axes[0].set_ylabel("f(μ)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"{env}: f(μ), mean ± std over seeds (budget {', '.join(f'{b:,}' for b in budgets)} stored steps)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def report(rows: list[dict[str, Any]], runs_dir: Path) -> None:
+    if not rows:
+        print("no finished cells yet")
+        return
+    print("\nAt equal stored steps (f(μ): mean over the last tenth of each part of the budget; mean ± std over "
+          "seeds; interactions: every env step, f(μ) episodes included):")
+    print(table_steps(rows))
+    print("\nAt equal environment interactions (the same window, on the interactions axis):")
+    print(table_interactions(rows) or "  (needs two algorithms of one environment)")
+    print()
+    print(es_line(rows))
+    print("\nSettings (the same for every algorithm of an environment; queue runs use "
+          f"{rows[0].get('settings', {}).get('workers', WORKERS)} workers):")
+    print("\n".join(settings_lines(rows)))
+    for env in sorted({r["env"] for r in rows}):
+        png = runs_dir / f"curves-{env}.png"
+        plot_env(rows, env, png)
+        print(f"plot: {png}")
+    total = sum(r["wall_s"] for r in rows)
+    print(f"total compute: {total / 3600:.2f} h of wall clock over {len(rows)} cells "
+          f"(first {min(r.get('date', '?') for r in rows)}, last {max(r.get('date', '?') for r in rows)})")
+
+
+# -- main ------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="Pendulum-v1 only, tiny budget, one seed: about a minute")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap.add_argument("--quick", action="store_true", help="Pendulum-v1, tiny budget, seed 1 (about two minutes)")
+    ap.add_argument("--out-dir", type=Path, default=None,
+                    help="where learning.json and learning/ go (default bench/results; --quick: a temporary folder)")
+    ap.add_argument("--cells", default="", help="comma-separated env:algo:seed cells (instead of the filters)")
     ap.add_argument("--envs", default="", help="comma-separated environments (default: all of the mode)")
-    ap.add_argument("--algos", default=",".join(ALGOS), help="comma-separated algorithms")
-    ap.add_argument("--seeds", type=int, default=0, help="seeds per algorithm (default 2, quick 1)")
-    ap.add_argument("--workers", type=int, default=2, help="workers per run")
-    ap.add_argument("--out-dir", type=Path, default=DEFAULT_DIR, help="where run folders, plots and JSON go")
+    ap.add_argument("--algos", default="", help=f"comma-separated algorithms out of {','.join(ALGOS)}")
+    ap.add_argument("--seeds", default="", help="comma-separated seeds (default 1,2,3; --quick 1)")
+    ap.add_argument("--order", choices=("seed", "env"), default="seed",
+                    help="seed: seed 1 of every env and algo first, then seed 2, ...; env: env by env")
+    ap.add_argument("--max-hours", type=float, default=None, help="start no new cell after this many hours")
+    ap.add_argument("--timeout-min", type=float, default=None,
+                    help="kill a cell after this many minutes (default 90; --quick 3)")
+    ap.add_argument("--report", action="store_true", help="only print the tables and draw the plots")
+    ap.add_argument("--dry-run", action="store_true", help="list the cells that would run, and stop")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through run_cell
+
     mode = "quick" if args.quick else "full"
-    settings = SETTINGS[mode]
-    envs = [e for e in args.envs.split(",") if e] or list(settings)
-    for e in envs:
-        if e not in settings:
-            ap.error(f"--envs: no {mode} settings for {e!r}; known: {', '.join(settings)}")
-    algos = [a for a in args.algos.split(",") if a]
-    seeds = args.seeds or (1 if args.quick else 2)
-    out_dir = args.out_dir
+    settings = MODES[mode]
+    if args.timeout_min is not None:
+        settings = {env: replace(s, timeout_min=args.timeout_min) for env, s in settings.items()}
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="aesrl-learning-")) if args.quick else RESULTS)
     out_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.time()
-    print(f"machine: {os.cpu_count()} cores, {platform.platform()}; {mode} mode; {args.workers} workers per run",
-          flush=True)
-    rows: list[dict[str, Any]] = []
-    plots = {}
-    for env in envs:
-        s = settings[env]
-        print(f"{env}: budget {s['steps']} stored steps, actor {s['hidden']}, critic {s['critic_hidden']}, "
-              f"random phase {s['initial_steps']} (TD3 start steps {s['td3_start_steps']})", flush=True)
-        folders = []
-        for algo in algos:
-            for seed in range(1, seeds + 1):
-                timeout = 120 + s["steps"] * (0.2 if env.startswith("HalfCheetah") else 0.05)
-                folder, wall, rc = launch(out_dir, env, algo, seed, s, args.workers, timeout)
-                print(f"  {algo:6s} seed {seed}: exit {rc} in {wall:.0f}s -> {folder}", flush=True)
-                if rc != 0 or not folder.exists():
-                    raise SystemExit(f"run {algo} seed {seed} on {env} failed (exit {rc}); see "
-                                     f"{out_dir / env / f'.{algo}-s{seed}.log'}")
-                folders.append(folder)
-                rows.append({"env": env, "algo": algo, "seed": seed, "wall_s": wall, "budget": s["steps"]})
-        walls = sorted(r["wall_s"] for r in rows if r["env"] == env)
-        # Wall-clock marks: a third and two thirds of the fastest run, so every run has data there.
-        marks = [round(walls[0] / 3), round(2 * walls[0] / 3)]
-        for r, folder in zip([r for r in rows if r["env"] == env], folders, strict=True):
-            r.update(summarise(folder, s["steps"], marks))
-            r["wall_marks"] = marks
-        png = out_dir / f"{env}.png"
-        proc = subprocess.run([sys.executable, "-m", "cli.main", "plot", *map(str, folders), "-o", str(png),
-                               "--title", f"{env}: {', '.join(algos)} ({mode} budget, {seeds} seed(s))"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise SystemExit(f"aesrl-queue plot failed: {proc.stderr[-2000:]}")
-        plots[env] = str(png)
-        print(render([r for r in rows if r["env"] == env], marks))
-        print(f"  plot: {png}", flush=True)
-    out = {"mode": mode, "settings": {e: settings[e] for e in envs}, "algos": algos, "seeds": seeds,
-           "workers": args.workers, "rows": rows, "plots": plots, "seconds": time.time() - t_start,
-           "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()}}
-    (out_dir / "learning.json").write_text(json.dumps(out, indent=1, default=float))
-    print("- f(μ)@x%: mean f(μ) over the last tenth of [0, x% of the budget] of stored steps; f(μ)@Ns: the "
-          "same over wall clock since the run's first result; ± is the std over seeds. TD3's f(μ) is its "
-          "deterministic actor, evaluated every td3_eval_every steps.")
-    print(f"wrote {out_dir / 'learning.json'} ({time.time() - t_start:.0f} s)")
-    return 0
+    json_path, runs_dir = out_dir / "learning.json", out_dir / "learning"
+    print(f"results: {json_path}; run folders and plots: {runs_dir}", flush=True)
+    if args.report:
+        report(load_rows(json_path), runs_dir)
+        return 0
+
+    if args.cells:
+        cells = parse_cells(args.cells, settings)
+    else:
+        seeds = [int(s) for s in args.seeds.split(",") if s] or ([1] if args.quick else list(FULL_SEEDS))
+        envs = [e for e in args.envs.split(",") if e]
+        algos = [a for a in args.algos.split(",") if a]
+        for name, given, known in (("envs", envs, settings), ("algos", algos, ALGOS)):
+            if bad := [x for x in given if x not in known]:
+                ap.error(f"--{name}: unknown {', '.join(bad)} in {mode} mode; known: {', '.join(known)}")
+        cells = select_cells(settings, envs, algos, seeds, args.order)
+    if importlib.util.find_spec("stable_baselines3") is None and any(c.algo == "sb3-td3" for c in cells):
+        print("stable-baselines3 is not installed (pip install -e '.[bench]'): sb3-td3 cells left out", flush=True)
+        cells = [c for c in cells if c.algo != "sb3-td3"]
+    done = {row_key(r["env"], r["algo"], r["seed"], r["budget_steps"]) for r in load_rows(json_path)}
+    todo = [c for c in cells if row_key(c.env, c.algo, c.seed, settings[c.env].steps) not in done]
+    print(f"{mode} mode, {os.cpu_count()} cores: {len(cells)} cells selected, {len(cells) - len(todo)} already in "
+          f"{json_path.name}, {len(todo)} to run", flush=True)
+    for env in dict.fromkeys(c.env for c in todo):
+        print(f"  {env}: {settings[env].describe()}", flush=True)
+    if args.dry_run:
+        print("\n".join(f"  {c}" for c in todo))
+        return 0
+
+    commit, t_start, failed = git_commit(), time.monotonic(), []
+    for i, cell in enumerate(todo, 1):
+        hours = (time.monotonic() - t_start) / 3600
+        if args.max_hours is not None and hours >= args.max_hours:
+            print(f"--max-hours {args.max_hours:g} reached after {hours:.2f} h: {len(todo) - i + 1} cells left "
+                  "for the next sitting", flush=True)
+            break
+        s = settings[cell.env]
+        load_start = os.getloadavg()
+        print(f"[{i}/{len(todo)}] {cell} ...", end=" ", flush=True)
+        folder, wall, outcome, cmd = run_cell(cell, s, runs_dir)
+        log_path = folder.with_name(folder.name + ".log")
+        if outcome == "ok":
+            try:
+                stats = summarise(folder, s.steps)
+            except Exception as exc:  # an unreadable or empty run folder: report, do not record
+                outcome = f"no result ({exc})"
+        if outcome != "ok":
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:] if log_path.exists() else []
+            print(f"FAILED: {outcome} after {wall:.0f} s; log {log_path}", flush=True)
+            print("\n".join(f"    {line}" for line in tail), flush=True)
+            failed.append(cell)
+            continue
+        row = {"env": cell.env, "algo": cell.algo, "seed": cell.seed, "budget_steps": s.steps,
+               "wall_s": round(wall, 1), **stats,
+               "settings": {**asdict(s), "describe": s.describe(), "workers": WORKERS, "mode": mode},
+               "command": " ".join(Path(c).name if c == sys.executable else c for c in cmd),
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit,
+               "loadavg_start": [round(x, 2) for x in load_start],
+               "loadavg_end": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count()}
+        append_row(json_path, row)
+        print(f"ok in {wall / 60:.1f} min: f(μ) q25 {row['q25']:.0f}, q50 {row['q50']:.0f}, final {row['final']:.0f}; "
+              f"{row['interactions']:,} interactions", flush=True)
+
+    report(load_rows(json_path), runs_dir)
+    if failed:
+        print(f"{len(failed)} cell(s) failed and were not recorded: {', '.join(map(str, failed))}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

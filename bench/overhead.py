@@ -800,8 +800,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=0,
                     help="interleaved repeats of the raw and end-to-end runs; the best of each is reported "
                          "(default: 1 quick, 2 full)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON results path (default: bench/results/overhead.json; --quick: a temporary folder)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="aesrl-bench-")) / DEFAULT_OUT.name if args.quick else DEFAULT_OUT
     # SIGTERM ends the run through the finally blocks, which kill every child and Redis.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

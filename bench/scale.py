@@ -471,8 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episode-len", type=int, default=1000, help="transitions stored per job")
     ap.add_argument("--warm", type=float, default=None, help="warm-up seconds after every worker's first result")
     ap.add_argument("--window", type=float, default=None, help="measurement seconds per point")
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--out", default=None,
+                    help="JSON results path (default: bench/results/scale.json; --quick: a temporary folder)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = str(Path(tempfile.mkdtemp(prefix="aesrl-bench-")) / DEFAULT_OUT.name if args.quick else DEFAULT_OUT)
     data = run(args)
     print(render(data["rows"]))
     for label, knee in (("ES only", data["knee"]), (f"RL mix {args.rl_share:.0%}", data["knee_rl_mix"])):

@@ -1,31 +1,129 @@
-"""bench/learning.py --quick runs AES-RL, TD3 and serial CEM-RL through `aesrl-queue run` on Pendulum-v1
-and plots them with `aesrl-queue plot`. Shapes only: which rows and files exist, not the returns."""
+"""bench/learning.py: which cells it picks and skips, how it reads a run, and (slow) a --quick run of
+every algorithm through `aesrl-queue run` / bench/sb3_td3.py on Pendulum-v1. Shapes only: which rows,
+fields and files exist, never the returns. A quick run must write to a temporary folder, never over
+the committed results."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
+import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from bench import learning
+
 ROOT = Path(__file__).resolve().parent.parent
+ROW_FIELDS = {"env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s"}
+# Files a full bench running in the background may legitimately rewrite while the suite runs.
+FULL_BENCH_OUTPUTS = re.compile(r"bench/results/(learning\.json|learning/curves-.*\.png)$")
+
+
+def committed_results() -> dict[str, str]:
+    """sha256 of every tracked file under bench/results, but the full learning bench's own outputs."""
+    files = subprocess.run(["git", "ls-files", "bench/results"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in files
+            if not FULL_BENCH_OUTPUTS.match(f) and (ROOT / f).exists()}
+
+
+def row(env="Pendulum-v1", algo="td3", seed=1, budget=1_200, **kw):
+    base = {"env": env, "algo": algo, "seed": seed, "budget_steps": budget, "interactions": 3_000,
+            "final": -1.0, "q25": -3.0, "q50": -2.0, "wall_s": 1.0,
+            "curve": [[400, 1000, 1.0, -3.0], [800, 2000, 2.0, -2.0], [1200, 3000, 3.0, -1.0]]}
+    return {**base, **kw}
+
+
+def test_window_mean_is_the_last_tenth_and_never_after_the_budget():
+    xs = np.array([100.0, 850.0, 950.0, 1000.0, 1100.0])
+    ys = np.array([1.0, 2.0, 3.0, 5.0, 100.0])
+    assert learning.window_mean(xs, ys, 1000) == 4.0  # 950 and 1000; 1100 came after the budget
+    assert learning.window_mean(xs, ys, 500) == 1.0  # nothing in [450, 500]: the last value before
+    assert math.isnan(learning.window_mean(xs, ys, 50))
+
+
+def test_thin_keeps_at_most_the_limit_as_block_means():
+    pts = np.arange(800, dtype=float).reshape(400, 2)  # blocks of two rows
+    out = learning.thin(pts, 200)
+    assert out.shape == (200, 2) and out[:, 0].mean() == pytest.approx(pts[:, 0].mean())
+    assert learning.thin(pts[:10]).shape == (10, 2)
+
+
+def test_cells_run_seed_major_and_parse():
+    cells = learning.select_cells(learning.MODES["full"], [], [], [1, 2], "seed")
+    assert [c.seed for c in cells] == sorted(c.seed for c in cells)
+    first = [str(c) for c in cells if c.seed == 1]
+    assert first[:2] == ["HalfCheetah-v5:aesrl:1", "HalfCheetah-v5:aesrl-paper:1"] and "Pendulum-v1:es:1" in first
+    assert {c.algo for c in cells if c.env == "Hopper-v5"} == {"aesrl", "aesrl-paper", "td3", "cemrl", "sb3-td3"}
+    assert learning.parse_cells("Hopper-v5:td3:2", learning.MODES["full"]) == [learning.Cell("Hopper-v5", "td3", 2)]
+    with pytest.raises(SystemExit):
+        learning.parse_cells("Hopper-v5:es:1", learning.MODES["full"])  # es runs on Pendulum only
+
+
+def test_every_cell_shares_the_paper_settings():
+    s = learning.MODES["full"]["HalfCheetah-v5"]
+    for algo in s.algos:
+        cell = learning.Cell("HalfCheetah-v5", algo, 1)
+        cmd = learning.cell_command(cell, s, Path("/x"), Path("/x/c.json"))
+        assert cmd[cmd.index("--hidden") + 1] == "400,300" and cmd[cmd.index("--critic-hidden") + 1] == "400,300"
+        assert learning.cell_config(cell, s)["td3_start_steps"] == 10_000
+        assert learning.cell_config(cell, s)["initial_steps"] == 10_000
+    paper = learning.cell_command(learning.Cell("Hopper-v5", "aesrl-paper", 1), s, Path("/x"), None)
+    assert paper[paper.index("--r") + 1] == "paper" and paper[paper.index("--workers") + 1] == "2"
+
+
+def test_rows_already_there_are_skipped_and_reported(tmp_path, capsys):
+    learning.append_row(tmp_path / "learning.json", row())
+    learning.append_row(tmp_path / "learning.json", row(algo="aesrl", interactions=6_000))
+    assert learning.main(["--quick", "--out-dir", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 already in learning.json" in out and "Pendulum-v1:td3:1" not in out.split("to run")[-1]
+    assert learning.main(["--quick", "--out-dir", str(tmp_path), "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "@100%" in out and "At equal environment interactions" in out and "total compute" in out
+    assert (tmp_path / "learning" / "curves-Pendulum-v1.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
-def test_learning_quick_rows_and_plot(tmp_path):
+def test_learning_quick_rows_in_a_temporary_folder():
+    before = committed_results()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop("AESRL_REDIS_URL", None)
-    proc = subprocess.run([sys.executable, "bench/learning.py", "--quick", "--out-dir", str(tmp_path)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=420)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    data = json.loads((tmp_path / "learning.json").read_text())
-    assert {(r["env"], r["algo"]) for r in data["rows"]} == {("Pendulum-v1", a) for a in ("aesrl", "td3", "cemrl")}
-    for r in data["rows"]:
-        assert r["evals"] >= 1 and (tmp_path / "Pendulum-v1" / f"{r['algo']}-s1" / "metrics.jsonl").is_file()
-        assert isinstance(r["f_mu_steps_100"], float)
-    png = tmp_path / "Pendulum-v1.png"
-    assert png.stat().st_size > 20_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "f(μ)@100%" in proc.stdout
+    proc = subprocess.run([sys.executable, "bench/learning.py", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=420)
+    out_dir = Path(re.search(r"results: (\S+)learning\.json", proc.stdout).group(1))
+    try:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert not out_dir.resolve().is_relative_to(ROOT / "bench" / "results")
+        rows = learning.load_rows(out_dir / "learning.json")
+        algos = {"aesrl", "td3", "cemrl", "es"} | ({"sb3-td3"} if importlib.util.find_spec("stable_baselines3") else set())
+        assert {(r["env"], r["algo"], r["seed"]) for r in rows} == {("Pendulum-v1", a, 1) for a in algos}
+        for r in rows:
+            assert ROW_FIELDS <= set(r), r.keys()
+            assert r["budget_steps"] == 1_200 and r["interactions"] >= r["budget_steps"]
+            assert isinstance(r["final"], float) and math.isfinite(r["final"]) and r["wall_s"] > 0
+            assert 1 <= len(r["curve"]) <= learning.CURVE_POINTS
+            assert (out_dir / "learning" / "Pendulum-v1" / f"{r['algo']}-s1" / "metrics.jsonl").is_file()
+        png = out_dir / "learning" / "curves-Pendulum-v1.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "@100%" in proc.stdout and "Pendulum-v1 --algo es" in proc.stdout
+        # A rerun skips the finished cells.
+        again = subprocess.run([sys.executable, "bench/learning.py", "--quick", "--out-dir", str(out_dir),
+                                "--cells", "Pendulum-v1:td3:1", "--dry-run"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert "1 already in learning.json, 0 to run" in again.stdout, again.stdout
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    # Nothing committed changed, and no quick row reached the committed learning.json.
+    assert committed_results() == before
+    committed = ROOT / "bench" / "results" / "learning.json"
+    if committed.exists():
+        assert all(r.get("settings", {}).get("mode") != "quick" for r in json.loads(committed.read_text())["rows"])
