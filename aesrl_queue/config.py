@@ -49,7 +49,11 @@ class RunConfig:
     # search distribution
     mean_rule: str = "baseline-relative"
     var_rule: str = "adaptive"
-    r: float | str = 2000.0  # fitness scale of the environment, or "auto"
+    # fitness scale of the mean rule: "adaptive" (robust spread of recent f(z) - f(μ), the default),
+    # "paper" (the paper's value for the environment, resolved to a number), a number, or "auto"
+    r: float | str = "adaptive"
+    r_window: int = 100  # adaptive r: gaps f(z) - f(μ) it is computed from
+    r_factor: float = 1.0  # adaptive r: multiple of the robust spread
     negative_ratio: float = 0.0  # fixed-linear only: weight of negative moves
     fixed_n: float = 10.0  # fixed variance rule: n
     var_init: float = 1e-3  # a variance, not a standard deviation
@@ -75,7 +79,11 @@ class RunConfig:
     rl_steps_max: int = 10_000
     critic_chunk: int = 1000  # critic steps between publications
     replay_capacity: int = 200_000
-    mean_eval_episodes: int = 5  # episodes of μ after every individual (not stored)
+    # f(μ) that every job reports (not stored): `mean_eval_episodes` episodes of the μ the individual
+    # was drawn from. Paired: the first starts from the same state as the individual's episode, so
+    # f(z) − f(μ) measures the change of policy, not the luck of the start (the paper: 5, unpaired).
+    mean_eval_episodes: int = 1
+    mean_eval_paired: bool = True
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -163,15 +171,18 @@ class RunConfig:
         need(self.algo in ALGOS, "algo", f"{self.algo!r} is not one of {', '.join(ALGOS)}")
         need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
         need(self.var_rule in VAR_RULES, "var_rule", f"{self.var_rule!r} is not one of {', '.join(VAR_RULES)}")
-        if self.r != "auto":
-            need(isinstance(self.r, int | float) and math.isfinite(self.r) and self.r > 0, "r",
-                 f"must be a positive number or 'auto', got {self.r!r}")
+        if self.r not in R_MODES:
+            need(isinstance(self.r, int | float) and not isinstance(self.r, bool) and math.isfinite(self.r)
+                 and self.r > 0, "r", f"must be a positive number or one of {', '.join(R_MODES)}, got {self.r!r}")
+        need(isinstance(self.mean_eval_paired, bool), "mean_eval_paired", "must be true or false")
+        need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
+             "r_factor", f"must be a positive number, got {self.r_factor!r}")
         if self.run_id:
             need(bool(RUN_ID_RE.match(self.run_id)), "run_id", "use 1-64 letters, digits, '_' or '-'")
             need(self.run_id not in RESERVED_RUN_IDS, "run_id",
                  f"{self.run_id!r} is reserved (its keys would mix with aesrl:{self.run_id}*)")
         for name in ("total_steps", "batch_size", "rl_steps_window", "rl_steps_max", "critic_chunk",
-                     "replay_capacity", "mean_eval_episodes", "population", "td3_eval_every", "job_timeout",
+                     "replay_capacity", "mean_eval_episodes", "population", "r_window", "td3_eval_every", "job_timeout",
                      "failure_ttl", "history_max"):
             val = getattr(self, name)
             need(isinstance(val, int) and not isinstance(val, bool) and val > 0, name, f"must be a positive integer, got {val!r}")
@@ -200,8 +211,16 @@ class RunConfig:
         return self
 
     def resolve(self) -> RunConfig:
-        """Validate, read the dimensions off the environment, and fill run_id and created_at."""
+        """Validate, read the dimensions off the environment, and fill run_id and created_at.
+
+        r = "paper" becomes the paper's number for the environment (an error where it gives none)."""
         self.validate()
+        if self.r == "paper":
+            paper = paper_r(self.env_id)
+            if paper is None:
+                raise ConfigError("r", f"the paper gives no fitness scale for {self.env_id} (it has one for "
+                                       f"{', '.join(PAPER_R)}); pass a number or 'adaptive'")
+            self.r = paper
         from aesrl_queue.rollout import env_dims  # torch-free: validation stays fast
 
         try:
@@ -253,8 +272,14 @@ class RunConfig:
         return self.algo == "cemrl" or (self.algo == "pcemrl" and not self.parallel_critic)
 
     @property
-    def fitness_scale(self) -> float | None:
-        return None if self.r == "auto" else float(self.r)
+    def fitness_scale(self) -> float | str:
+        """What the AES-RL distribution takes as r: a number, "adaptive" or "auto" ("paper" resolved)."""
+        if self.r == "paper":
+            paper = paper_r(self.env_id)
+            if paper is None:
+                raise ConfigError("r", f"the paper gives no fitness scale for {self.env_id}")
+            return paper
+        return self.r if isinstance(self.r, str) else float(self.r)
 
 
 def new_run_id(env_id: str, algo: str) -> str:
@@ -262,47 +287,52 @@ def new_run_id(env_id: str, algo: str) -> str:
     return f"{stem}-{algo}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
+R_MODES = ("adaptive", "paper", "auto")
+# The fixed fitness scale r the paper gives per environment (its appendix), by env-id stem; selected
+# with r = "paper". Pendulum is not in the paper: 200 is this project's old preset, kept selectable.
+PAPER_R: dict[str, float] = {"HalfCheetah": 2000.0, "Hopper": 600.0, "Walker2d": 800.0, "Ant": 960.0,
+                             "Humanoid": 960.0, "Swimmer": 48.0, "Pendulum": 200.0}
+
 # Per-environment presets (DESIGN.md §5). Keys are env-id stems; v4 and v5 share them.
 _PRESETS: dict[str, dict[str, Any]] = {
-    "HalfCheetah": {"r": 2000.0},
-    "Hopper": {"r": 600.0},
-    "Walker2d": {"r": 800.0},
-    "Ant": {"r": 960.0},
-    "Humanoid": {"r": 960.0, "hidden": (256, 256), "critic_hidden": (256, 256), "actor_lr": 3e-4, "critic_lr": 3e-4},
-    "Swimmer": {"r": 48.0, "rl_ratio": 0.1},
+    "Humanoid": {"hidden": (256, 256), "critic_hidden": (256, 256), "actor_lr": 3e-4, "critic_lr": 3e-4},
+    "Swimmer": {"rl_ratio": 0.1},
     # Not in the paper: a fast sanity check. Returns lie in about [-1600, -100]; 200-step episodes,
     # so fewer random steps and smaller networks make it learn in minutes on two cores.
-    "Pendulum": {
-        "r": 200.0, "initial_steps": 2000, "total_steps": 40_000, "hidden": (64, 64),
-        "critic_hidden": (256, 256), "mean_eval_episodes": 3,
-    },
+    "Pendulum": {"initial_steps": 2000, "total_steps": 40_000, "hidden": (64, 64), "critic_hidden": (256, 256)},
     # Simulation environments of this project (tests and benchmarks).
-    "AesrlNull": {"r": 1.0, "initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16),
-                  "mean_eval_episodes": 1},
-    "AesrlSleep": {"r": 1.0, "initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16),
-                   "mean_eval_episodes": 1},
-    "AesrlNaN": {"r": 1.0, "initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16),
-                 "mean_eval_episodes": 1},
+    "AesrlNull": {"initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16)},
+    "AesrlSleep": {"initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16)},
+    "AesrlNaN": {"initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16)},
 }
 # Per-algorithm settings of the official configs (shared/reference, §4.2), applied over the
 # environment preset: TD3 256-256 at lr 3e-4; CEM-RL batch 100; both CEM-RL loops a 10⁶ replay.
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "td3": {"hidden": (256, 256), "critic_hidden": (256, 256), "actor_lr": 3e-4, "critic_lr": 3e-4,
-            "batch_size": 256, "replay_capacity": 1_000_000},
+            "batch_size": 256, "replay_capacity": 1_000_000, "mean_eval_episodes": 5},
     "cemrl": {"batch_size": 100, "replay_capacity": 1_000_000},
+    # ES alone: the adaptive variance rule shrinks var by (1 − p) on average whenever p >= 0.5 and
+    # nothing (no RL individual) widens it again, so var sits at its floor within ~20 updates and
+    # the floor is the step size. The paper's 1e-5 (σ 0.003) does not move a policy measurably;
+    # var_init's 1e-3 keeps σ ≈ 0.03 (docs/algorithms.md, "ES alone").
+    "es": {"var_floor": 1e-3},
     "pcemrl": {"batch_size": 256, "replay_capacity": 1_000_000},
 }
 PAPER_ENVS = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer")
 
 
+def _stem(env_id: str) -> str:
+    return env_id.split(":")[-1].split("-")[0]
+
+
 def preset_for(env_id: str) -> dict[str, Any]:
     """Preset overrides for an env id such as 'Hopper-v5' or 'Hopper-v4' (empty when unknown)."""
-    stem = env_id.split(":")[-1].split("-")[0]
-    preset = dict(_PRESETS.get(stem, {}))
-    if not preset:
-        # Unknown environment: no fitness scale is known, so estimate it from the returns seen.
-        preset["r"] = "auto"
-    return preset
+    return dict(_PRESETS.get(_stem(env_id), {}))
+
+
+def paper_r(env_id: str) -> float | None:
+    """The paper's fitness scale for `env_id` (None for an environment it does not cover)."""
+    return PAPER_R.get(_stem(env_id))
 
 
 def load_config_blob(blob: bytes) -> RunConfig:

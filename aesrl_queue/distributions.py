@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from aesrl_queue import kernels, noise
+from aesrl_queue.fitness import FitnessScale
 from aesrl_queue.rules import MEAN_RULES, VAR_FLOOR, SuccessRule, update_ratio, variance_n
 
 DISTRIBUTIONS = ("aesrl", "opo", "acem", "cem")
@@ -150,28 +151,43 @@ class AsyncDistribution(Distribution):
 
 
 class AesrlDistribution(AsyncDistribution):
-    """AES-RL: μ ← (1 − p)·μ + p·z with p from a mean rule, then a Welford variance step."""
+    """AES-RL: μ ← (1 − p)·μ + p·z with p from a mean rule, then a Welford variance step.
+
+    `r` is the fitness scale: a number (fixed), "adaptive" (a robust spread of recent f(z) − f(μ),
+    `fitness.FitnessScale`) or "auto" (the spread of recent fitnesses). The scale is part of the
+    state, so a restart continues with the same r.
+    """
 
     kind = "aesrl"
-    PARAMS = ("mean_rule", "var_rule", "r", "negative_ratio", "fixed_n", "var_init", "var_floor")
+    PARAMS = ("mean_rule", "var_rule", "r", "negative_ratio", "fixed_n", "var_init", "var_floor", "r_window",
+              "r_factor")
 
     def __init__(
         self,
         mu: Any,
         mean_rule: str = "baseline-relative",
         var_rule: str = "adaptive",
-        r: float | None = None,
+        r: float | str | None = None,
         negative_ratio: float = 0.0,
         fixed_n: float = 10.0,
         var_init: float = 1e-3,
         var_floor: float = VAR_FLOOR,
+        r_window: int = 100,
+        r_factor: float = 1.0,
     ) -> None:
         if mean_rule not in AESRL_MEAN_RULES:
             raise ValueError(f"unknown mean_rule {mean_rule!r}; allowed: {', '.join(AESRL_MEAN_RULES)}")
         if var_rule not in AESRL_VAR_RULES:
             hint = " (the success rule is the 'opo' distribution)" if var_rule == "success-rule" else ""
             raise ValueError(f"unknown var_rule {var_rule!r}; allowed: {', '.join(AESRL_VAR_RULES)}{hint}")
-        if r is None:
+        self.scale: FitnessScale | None = None
+        if isinstance(r, str):
+            if r not in ("adaptive", "auto"):
+                raise ValueError(f"r must be a positive number, 'adaptive' or 'auto', got {r!r}")
+            self.scale = FitnessScale(r, window=_int("r_window", r_window, 1),
+                                      factor=_real("r_factor", r_factor, positive=True))
+            r = self.scale.r
+        elif r is None:
             if mean_rule != "one-plus-one":
                 raise ValueError(f"r (the fitness scale) is required for mean_rule {mean_rule!r}")
         else:
@@ -180,6 +196,7 @@ class AesrlDistribution(AsyncDistribution):
         self.mean_rule = mean_rule
         self.var_rule = var_rule
         self.r = r
+        self.r_mode = self.scale.mode if self.scale is not None else "fixed"
         self.negative_ratio = _real("negative_ratio", negative_ratio, nonnegative=True)
         self.fixed_n = _real("fixed_n", fixed_n, positive=True)
         self.var_floor = _real("var_floor", var_floor, nonnegative=True)
@@ -188,7 +205,7 @@ class AesrlDistribution(AsyncDistribution):
         return super().describe() | {
             "mean_rule": self.mean_rule,
             "var_rule": self.var_rule,
-            "r": self.r,
+            "r": self.r_mode if self.scale is not None else self.r,
             "negative_ratio": self.negative_ratio,
             "fixed_n": self.fixed_n,
             "var_floor": self.var_floor,
@@ -206,11 +223,15 @@ class AesrlDistribution(AsyncDistribution):
             z, f_z, f_mu = self._check_result(z, f_z, f_mu)  # a checked float32 copy
         else:
             z, f_z, f_mu = plain, _real("f_z", f_z), _real("f_mu", f_mu)  # the kernel checks z is finite
+            if self.scale is not None and not np.all(np.isfinite(z)):  # before the scale counts it
+                raise ValueError("z must be finite (and within float32 range)")
+        if self.scale is not None:  # inputs are valid: this result now counts towards the scale
+            self.r = self.scale.update(f_z, f_mu)
         # one-plus-one ignores r; pass a harmless placeholder rather than None.
         r = 1.0 if self.r is None else self.r
         p = update_ratio(self.mean_rule, f_z, f_mu, r, self.negative_ratio)
         if p == 0.0:
-            if plain is not None and not np.all(np.isfinite(z)):
+            if plain is not None and self.scale is None and not np.all(np.isfinite(z)):
                 raise ValueError("z must be finite (and within float32 range)")
             return p
         n = variance_n(self.var_rule, p, self.fixed_n)
@@ -224,6 +245,24 @@ class AesrlDistribution(AsyncDistribution):
         mean, var = _aesrl_step(self.mean, self.var, z, p, n, self.var_floor)
         self._commit(mean, var)
         return p
+
+    def state(self, arrays: bool = True) -> dict[str, Any]:
+        out = super().state(arrays)
+        if self.scale is not None:
+            out["scale"] = self.scale.state()
+        return out
+
+    def _check_extra_state(self, state: dict[str, Any]) -> Any:
+        if self.scale is None or "scale" not in state:  # a state written before the scale existed
+            return None
+        probe = FitnessScale(self.scale.mode, window=self.scale.window, factor=self.scale.factor)
+        probe.load_state(state["scale"])
+        return probe
+
+    def _load_extra_state(self, extra: Any) -> None:
+        if extra is not None:
+            self.scale = extra
+            self.r = extra.r
 
 
 def _aesrl_step(mu: np.ndarray, var: np.ndarray, z: np.ndarray, p: float, n: float,

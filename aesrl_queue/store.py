@@ -112,6 +112,9 @@ class Result:
     rl_steps: int
     steps: int = -1  # the run's stored steps right after this job's episode was stored (-1: unknown)
     interactions: int = -1
+    # RL jobs: ‖z − μ_v‖ of the sampled individual, and after its TD3 training (NaN for ES)
+    dist_before: float = math.nan
+    dist_after: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -165,6 +168,8 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         rl_steps=num("rl_steps", int, 0),
         steps=num("steps", int, -1),
         interactions=num("interactions", int, -1),
+        dist_before=num("dist_before", float, math.nan),
+        dist_after=num("dist_after", float, math.nan),
     )
 
 

@@ -18,7 +18,7 @@ import time
 import click
 
 from aesrl_queue.codec import CodecError
-from aesrl_queue.config import ALGOS, MEAN_RULES, VAR_RULES, ConfigError, RunConfig
+from aesrl_queue.config import ALGOS, MEAN_RULES, R_MODES, VAR_RULES, ConfigError, RunConfig
 from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact
 
 log = logging.getLogger("aesrl_queue.cli")
@@ -65,7 +65,9 @@ def config_options(f):
         click.option("--seed", type=int, default=None, help="Run seed (μ₀ and every job seed derive from it)."),
         click.option("--mean-rule", type=click.Choice(MEAN_RULES), default=None, help="AES-RL mean update rule."),
         click.option("--var-rule", type=click.Choice(VAR_RULES), default=None, help="AES-RL variance update rule."),
-        click.option("--r", "r", default=None, help="Fitness scale r of the mean rule, or 'auto' (preset default)."),
+        click.option("--r", "r", default=None,
+                     help="Fitness scale r of the mean rule: 'adaptive' (default: robust spread of recent "
+                          "f(z)-f(μ)), 'paper' (the paper's r for the environment), a number, or 'auto'."),
         click.option("--fixed-n", type=float, default=None, help="n of the fixed variance rule (default 10)."),
         click.option("--rl-ratio", type=float, default=None, help="Target share of RL individuals ρ* (default 0.5)."),
         click.option("--rl-gain", type=float, default=None, help="Gain K of the P controller (default 50)."),
@@ -85,11 +87,11 @@ def config_options(f):
 def build_config(env_id, config_file, **kw) -> RunConfig:
     """Preset + file + options, validated and resolved against the environment; exit 2 if invalid."""
     r = kw.get("r")
-    if r is not None and r != "auto":
+    if r is not None and r not in R_MODES:
         try:
             kw["r"] = float(r)
         except ValueError:
-            fail(f"r: must be a positive number or 'auto', got {r!r}")
+            fail(f"r: must be a positive number or one of {', '.join(R_MODES)}, got {r!r}")
     for name in ("hidden", "critic_hidden"):
         if kw.get(name) is not None:
             try:

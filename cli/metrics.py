@@ -36,6 +36,7 @@ TB_SCALARS = {
     "rl_share": "population/rl_share",
     "p_es": "population/p_es",
     "p_rl": "population/p_rl",
+    "r": "population/fitness_scale",
     "version": "population/version",
     "critic_loss": "critic/loss",
     "critic_version": "critic/version",
@@ -59,6 +60,15 @@ def open_tensorboard(log_dir: str | Path):
 
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _improved(h: dict[str, Any]) -> bool:
+    """Did the individual beat the f(μ) it was compared with (the newest f(μ) for older histories)?"""
+    delta = h.get("delta")
+    if _finite(delta):
+        return bool(delta > 0)
+    f_z, f_mu = h.get("f_z"), h.get("f_mu")
+    return bool(_finite(f_z) and _finite(f_mu) and f_z > f_mu)
 
 
 def _clean(x: Any) -> Any:
@@ -155,7 +165,11 @@ class MetricsWriter:
         rec = {
             "type": "update", "t": t, "elapsed": self._elapsed(t), "steps": h.get("steps"),
             "interactions": h.get("interactions"), "version": h.get("version"), "kind": kind, "p": h.get("p"),
-            "f_z": f_z, "f_mu": f_mu, "improved": bool(_finite(f_z) and _finite(f_mu) and f_z > f_mu),
+            "f_z": f_z, "f_mu": f_mu, "improved": _improved(h),
+            # why μ moved as it did: the f(μ) f(z) was compared with, the gap, the fitness scale r in
+            # use, whether the result was told at all, and an RL individual's distance from its μ
+            "f_ref": h.get("f_ref"), "delta": h.get("delta"), "r": h.get("r"), "told": h.get("told", True),
+            "dist_before": h.get("dist_before"), "dist_after": h.get("dist_after"),
             "sigma_mean": h.get("sigma_mean"), "sigma_min": h.get("sigma_min"), "sigma_max": h.get("sigma_max"),
             "rl_share": self.counts["rl"] / total if total else 0.0, "len": h.get("len"), "job": h.get("job"),
             "worker": h.get("worker"), "random": h.get("random", False), "rl_steps": h.get("rl_steps"),
@@ -164,7 +178,7 @@ class MetricsWriter:
         self._write(rec)
         n = 1
         step = int(h.get("steps") or 0)
-        for name in ("f_mu", "sigma_mean", "sigma_min", "sigma_max", "rl_share", "version", "interactions"):
+        for name in ("f_mu", "sigma_mean", "sigma_min", "sigma_max", "rl_share", "version", "interactions", "r"):
             self._scalar(name, rec[name], step, t)
         self._scalar("best_fitness", self.best, step, t)
         self._scalar(f"f_z_{kind}" if kind in self.counts else "f_z_es", f_z, step, t)

@@ -35,11 +35,11 @@ ASYNC_ALGOS = ("aesrl", "es", "opo", "acemrl")
 
 def build_distribution(cfg: RunConfig, mu: np.ndarray):
     """The search distribution an asynchronous algorithm uses, from the config."""
-    r = cfg.fitness_scale or 1.0
     if cfg.algo in ("aesrl", "es"):
-        return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=r,
+        return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
                                  negative_ratio=cfg.negative_ratio, fixed_n=cfg.fixed_n,
-                                 var_init=cfg.var_init, var_floor=cfg.var_floor)
+                                 var_init=cfg.var_init, var_floor=cfg.var_floor, r_window=cfg.r_window,
+                                 r_factor=cfg.r_factor)
     if cfg.algo == "opo":
         return make_distribution("opo", mu, var_init=cfg.var_init, var_floor=cfg.var_floor)
     if cfg.algo == "acemrl":
@@ -68,7 +68,6 @@ class AsyncScheduler:
         self.dists = DistCache(self.store)
         self.rng = random.Random()
         self._warned_no_critic = 0.0
-        self._fitness_seen: deque = deque(maxlen=1000)
         self._critic_wait_since: float | None = None
         self._kept: set[int] = set()  # superseded versions still in Redis because a job uses them
         self._to_delete: list[str] = []  # dist:{v} keys found unreferenced, deleted with the next write
@@ -78,6 +77,7 @@ class AsyncScheduler:
         self._interactions = 0
         self._counts_read_at = 0.0
         self._critic_ready = False
+        self._told = 0  # results passed to the distribution's tell (this process)
         if cfg.algo in ("aesrl", "es"):
             kernels.compiled()  # load (or compile, once per machine) the update before the first result
 
@@ -314,6 +314,7 @@ class AsyncScheduler:
     def _queue_batch(self, batch: list[tuple[str, Result | None, str]], refill: bool, published: int,
                      pipe) -> int | None:
         """Queue the batch's writes on `pipe`; the index of the HVALS refs reply, if μ/var moved."""
+        told_before = self._told
         for entry_id, res, err in batch:
             self._apply_one(entry_id, res, err, pipe)
         refs_at = None
@@ -323,6 +324,9 @@ class AsyncScheduler:
             pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state(arrays=False)))
             refs_at = len(pipe)
             pipe.hvals(self.store.key("refs"))
+        elif self._told != told_before and getattr(self.dist, "scale", None) is not None:
+            # μ/var stayed but the adaptive scale saw new gaps: its state rides in the same EXEC.
+            pipe.set(self.store.key("dist_state"), pack_dist_state(self.dist.state(arrays=False)))
         self.store.forget_jobs(self._batch_forget, pipe=pipe)
         if refill and self._steps < self.cfg.total_steps:
             self._fill(self._steps, pipe=pipe)
@@ -354,17 +358,25 @@ class AsyncScheduler:
 
         if finite(res.f_mu) and res.f_mu_version >= self.f_mu_version:
             self.f_mu, self.f_mu_version = res.f_mu, res.f_mu_version
-        f_mu = self.f_mu if finite(self.f_mu) else res.fitness
-        self._fitness_seen.append(res.fitness)
-        if cfg.r == "auto" and len(self._fitness_seen) >= 2:
-            self.dist.r = max(1e-6, float(np.std(self._fitness_seen)))
+        # The f(μ) this individual is compared with: with paired evaluation, the job's own estimate
+        # of the μ it was drawn from, on the same start state; else the newest estimate (the paper).
+        if cfg.mean_eval_paired and finite(res.f_mu) and res.f_mu_version == res.version:
+            f_ref = res.f_mu
+        else:
+            f_ref = self.f_mu if finite(self.f_mu) else res.fitness
         mean_before = self.dist.mean
         info = self.dispatch.inflight.get(res.job, {})
         version_before = self.dist.version
+        # A random-action episode says nothing about z: with an adaptive scale it neither moves μ nor
+        # enters the scale (the paper's fixed r lets it move μ, as the official code does).
+        scale = getattr(self.dist, "scale", None)
+        told = not (info.get("random") and scale is not None and scale.mode == "adaptive")
         try:
-            p = float(self.dist.tell(z, res.fitness, f_mu))
+            p = float(self.dist.tell(z, res.fitness, f_ref)) if told else 0.0
         except ValueError as exc:
             return self._skip(entry_id, "rejected", res.job, f"tell rejected {res.job}: {exc}", pipe)
+        if told:
+            self._told += 1
         changed = self.dist.version != version_before
         new_version = self.version + 1 if changed else self.version
         self.recent_lens.append(res.length)
@@ -383,8 +395,9 @@ class AsyncScheduler:
                       last_result_id=entry_id, updated_at=time.time(),
                       recent_lens=codec.pack(list(self.recent_lens)).hex(),
                       last_p_rl=p if res.kind == "rl" else None, last_p_es=p if res.kind == "es" else None)
-        if cfg.r == "auto":
-            fields["r_used"] = getattr(self.dist, "r", 1.0)
+        r_used = getattr(self.dist, "r", None)
+        if r_used is not None:
+            fields["r_used"] = r_used
         self._applied["results_applied"] += 1
         self._applied[f"{res.kind}_applied"] += 1
         fields.update(self._applied)
@@ -398,7 +411,10 @@ class AsyncScheduler:
                  "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()), "sigma_max": float(sigma.max()),
                  "moved": step.moved if step is not None else float(np.linalg.norm(self.dist.mean - mean_before)),
                  "duration": res.duration,
-                 "random": bool(info.get("random", False)), "rl_steps": res.rl_steps}
+                 "random": bool(info.get("random", False)), "rl_steps": res.rl_steps,
+                 # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
+                 "f_ref": f_ref, "delta": res.fitness - f_ref, "r": r_used, "told": told,
+                 "dist_before": res.dist_before, "dist_after": res.dist_after}
         pipe.xadd(self.store.key("history"), {"d": codec.pack(entry)}, maxlen=cfg.history_max)
         if not entry["random"] and res.fitness > self.best_kept:
             self.best_kept = res.fitness

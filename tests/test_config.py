@@ -10,18 +10,21 @@ import pytest
 
 from aesrl_queue import nets
 from aesrl_queue.codec import CodecError, pack, unpack
-from aesrl_queue.config import ConfigError, RunConfig, load_config_blob, preset_for
+from aesrl_queue.config import PAPER_R, ConfigError, RunConfig, load_config_blob, paper_r, preset_for
 
 DEFAULTS = RunConfig()
 
-# DESIGN.md §5: r per environment; Humanoid also hidden 256-256 and lr 3e-4; Swimmer rl_ratio 0.1.
+# The paper: r per environment (selected with r="paper"); Humanoid also hidden 256-256 and lr 3e-4;
+# Swimmer rl_ratio 0.1.
+PAPER_RS = {"HalfCheetah": 2000.0, "Hopper": 600.0, "Walker2d": 800.0, "Ant": 960.0, "Humanoid": 960.0,
+            "Swimmer": 48.0}
 PAPER_PRESETS = {
-    "HalfCheetah": {"r": 2000.0},
-    "Hopper": {"r": 600.0},
-    "Walker2d": {"r": 800.0},
-    "Ant": {"r": 960.0},
-    "Humanoid": {"r": 960.0, "hidden": (256, 256), "actor_lr": 3e-4},
-    "Swimmer": {"r": 48.0, "rl_ratio": 0.1},
+    "HalfCheetah": {},
+    "Hopper": {},
+    "Walker2d": {},
+    "Ant": {},
+    "Humanoid": {"hidden": (256, 256), "actor_lr": 3e-4},
+    "Swimmer": {"rl_ratio": 0.1},
 }
 
 
@@ -44,6 +47,11 @@ def test_paper_presets(stem: str, version: str) -> None:
     if stem != "Swimmer":
         assert cfg.rl_ratio == 0.5
     assert cfg.mean_rule == "baseline-relative" and cfg.var_rule == "adaptive" and cfg.var_init == 1e-3
+    # The fitness scale adapts by default; the paper's number is one option away.
+    assert cfg.r == "adaptive" and cfg.fitness_scale == "adaptive"
+    assert paper_r(env_id) == PAPER_RS[stem] == PAPER_R[stem]
+    paper = RunConfig.from_preset(env_id, r="paper")
+    assert paper.fitness_scale == PAPER_RS[stem]
     cfg.validate()
 
 
@@ -53,18 +61,26 @@ def test_humanoid_uses_small_networks_and_lr_for_both_actor_and_critic() -> None
     assert cfg.actor_lr == 3e-4 and cfg.critic_lr == 3e-4
 
 
-def test_unknown_env_gets_auto_fitness_scale() -> None:
-    assert preset_for("CartPoleContinuous-v9") == {"r": "auto"}
-    assert preset_for("HumanoidStandup-v5") == {"r": "auto"}  # not Humanoid's preset
+def test_unknown_env_gets_the_adaptive_scale_and_no_paper_r() -> None:
+    assert preset_for("CartPoleContinuous-v9") == {}
+    assert paper_r("HumanoidStandup-v5") is None  # not Humanoid's
     cfg = RunConfig.from_preset("MyEnv-v0")
-    assert cfg.r == "auto" and cfg.fitness_scale is None
+    assert cfg.r == "adaptive" and cfg.fitness_scale == "adaptive"
     cfg.validate()
-    assert RunConfig.from_preset("Hopper-v5").fitness_scale == 600.0
+    with pytest.raises(ConfigError, match="no fitness scale for AesrlNull-v0") as err:
+        RunConfig.from_preset("AesrlNull-v0", r="paper").resolve()
+    assert err.value.field == "r"
+
+
+def test_paper_r_resolves_to_the_number_that_is_stored() -> None:
+    cfg = RunConfig.from_preset("Pendulum-v1", r="paper").resolve()
+    assert cfg.r == 200.0 and load_config_blob(pack(cfg.to_dict())).r == 200.0
 
 
 def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
     cfg = RunConfig.from_preset("Swimmer-v5", rl_ratio=0.3, r=None, hidden="64x64")
-    assert cfg.rl_ratio == 0.3 and cfg.r == 48.0 and cfg.hidden == (64, 64)
+    assert cfg.rl_ratio == 0.3 and cfg.r == "adaptive" and cfg.hidden == (64, 64)
+    assert RunConfig.from_preset("Swimmer-v5", r=12.5).r == 12.5
 
 
 # -- validation --------------------------------------------------------------------------------------
@@ -149,18 +165,18 @@ def test_from_file_loads_toml(tmp_path) -> None:
     cfg = RunConfig.from_file(path)
     assert cfg.env_id == "Swimmer-v5"
     assert cfg.hidden == (64, 64) and cfg.total_steps == 5000
-    assert cfg.r == 48.0 and cfg.rl_ratio == 0.1  # the preset still applies under the file
+    assert cfg.r == "adaptive" and cfg.rl_ratio == 0.1  # the preset still applies under the file
     assert cfg.env_kwargs == {"ctrl_cost_weight": 0.001}
     cfg.validate()
 
 
 def test_from_file_loads_json_and_overrides_win(tmp_path) -> None:
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"env_id": "Hopper-v5", "rl_ratio": 0.25, "seed": 3}))
+    path.write_text(json.dumps({"env_id": "Hopper-v5", "rl_ratio": 0.25, "seed": 3, "r": "paper"}))
     cfg = RunConfig.from_file(path, seed=9, env_id=None)
-    assert cfg.env_id == "Hopper-v5" and cfg.r == 600.0 and cfg.rl_ratio == 0.25 and cfg.seed == 9
+    assert cfg.env_id == "Hopper-v5" and cfg.fitness_scale == 600.0 and cfg.rl_ratio == 0.25 and cfg.seed == 9
     cfg = RunConfig.from_file(path, env_id="Walker2d-v5")
-    assert cfg.env_id == "Walker2d-v5" and cfg.r == 800.0
+    assert cfg.env_id == "Walker2d-v5" and cfg.resolve().r == 800.0
 
 
 @pytest.mark.parametrize(

@@ -276,6 +276,7 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
 
     train_time = 0.0
     ind_key = ""
+    dists = {}
     if kind == "rl":
         t_train = time.monotonic()
         import torch
@@ -289,10 +290,12 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
             raise JobRejected(f"replay holds {0 if ctx.mirror is None else len(ctx.mirror)} states, "
                               f"fewer than a batch of {cfg.batch_size}")
         gen = torch.Generator().manual_seed(seed % (2**63))
+        dists["dist_before"] = float(np.linalg.norm(z.astype(np.float64) - mu))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed % (2**31))
             z = train_actor(z, ctx.spec, critic, lambda n: ctx.mirror.sample(n, generator=gen)["obs"],
                             steps=max(1, rl_steps), batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device)
+        dists["dist_after"] = float(np.linalg.norm(np.asarray(z, dtype=np.float64) - mu))
         if not np.all(np.isfinite(z)):
             raise JobRejected("RL training produced non-finite parameters")
         ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
@@ -303,23 +306,27 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
                       random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs)
     fitness, length = float(ep.returns[0]), int(ep.lengths[0])
 
-    # f(μ) for the scheduler's update rule. An ES job evaluates the μ it read at its start (no
-    # second download: 4 B/parameter and a round trip saved per job); an RL job, which trained for
-    # seconds meanwhile, reads the mean as it is now. The scheduler keeps the newest estimate.
+    # f(μ) for the scheduler's update rule. Paired (the default): the μ the individual was drawn
+    # from, already in memory, first from the individual's own start state, so that f(z) − f(μ)
+    # measures the policy and not the start. Unpaired (the paper): an ES job evaluates the μ it read
+    # at its start, an RL job, which trained for seconds meanwhile, the mean as it is now, from
+    # other start states. The scheduler keeps the newest estimate for display.
     f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
-    if kind == "es":
+    if kind == "es" or cfg.mean_eval_paired:
         got = (version, mu)
     else:
         got = ctx.read_current_mu()
     if got and got[1] is not None:
         f_mu_version = int(got[0])
         ctx.actor.set_params(got[1])
-        ev = run_episodes(cfg.env_id, ctx.actor, k=cfg.mean_eval_episodes, seed=(seed + 1) % (2**31),
+        eval_seed = seed if cfg.mean_eval_paired else seed + 1
+        ev = run_episodes(cfg.env_id, ctx.actor, k=cfg.mean_eval_episodes, seed=eval_seed % (2**31),
                           store=False, env_kwargs=cfg.env_kwargs)
         f_mu = float(np.mean(ev.returns))
         eval_steps = int(sum(ev.lengths))
 
     fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
-                  ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time)
+                  ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time,
+                  **dists)
     store.finish_job(ep.transitions, base["job"], fields, extra_interactions=eval_steps)
     return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu}

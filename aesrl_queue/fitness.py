@@ -1,0 +1,102 @@
+"""The fitness scale r of AES-RL's mean rules: fixed, or adapted to the run while it learns.
+
+The mean rules turn the gap Δ = f(z) − f(μ) between an individual and the mean into an update ratio
+p through Δ/r. A fixed r (the paper gives one per environment) only separates good individuals from
+bad ones when Δ is of the order of r: early in a HalfCheetah run Δ is a few hundred against
+r = 2000, so every individual gets p ≈ 0.5 and μ averages the last individuals with no selection.
+
+`FitnessScale("adaptive")` (the default) sets r to a robust spread of the recent gaps instead:
+
+    r = factor · 1.4826 · median(|Δ_i|) over the last `window` gaps (the current one included)
+
+1.4826·median|Δ| is the standard deviation of Δ when Δ is normal around 0, but one RL individual
+that beats μ by thousands, or a broken ES individual far below it, moves it by one rank, not by its
+size (the reviewers of the paper point out that rank-like statistics are the robust choice). The
+scale follows the run: it shrinks while Δ is small and grows as returns do.
+
+`FitnessScale("auto")` is the older estimate kept for comparison: the standard deviation of the
+last 1000 fitnesses (not gaps), which mixes progress over time into the scale.
+
+No Redis, no clocks: `state()` is plain data that a restarted scheduler loads back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+SCALE_MODES = ("adaptive", "auto", "fixed")
+MAD_TO_STD = 1.4826  # 1/Φ⁻¹(3/4): median(|x|) of N(0, s²) is s/1.4826
+MIN_SCALE = 1e-6  # r must stay > 0 even when every gap so far is 0 (a deterministic, flat start)
+AUTO_WINDOW = 1000
+
+
+class FitnessScale:
+    """The r a mean rule should use now; `update(f_z, f_mu)` records one result and returns it."""
+
+    def __init__(self, mode: str = "adaptive", r: float | None = None, window: int = 100,
+                 factor: float = 1.0) -> None:
+        if mode not in SCALE_MODES:
+            raise ValueError(f"unknown fitness scale {mode!r}; allowed: {', '.join(SCALE_MODES)}")
+        if mode == "fixed":
+            if r is None or not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+                raise ValueError(f"a fixed fitness scale needs r > 0, got {r!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
+        if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor must be > 0, got {factor!r}")
+        self.mode = mode
+        self.window = window if mode == "adaptive" else AUTO_WINDOW
+        self.factor = float(factor)
+        self.r = float(r) if r is not None else 1.0
+        self._seen: deque[float] = deque(maxlen=self.window)
+
+    @property
+    def adapts(self) -> bool:
+        return self.mode != "fixed"
+
+    def peek(self, f_z: float, f_mu: float) -> float:
+        """The r that `update` would return, without recording anything."""
+        if self.mode == "fixed":
+            return self.r
+        sample = f_z - f_mu if self.mode == "adaptive" else f_z
+        return self._scale([*self._seen, sample][-self.window:])
+
+    def update(self, f_z: float, f_mu: float) -> float:
+        """Record one evaluated individual (f(z) and the f(μ) it is compared with); return r."""
+        if self.mode == "fixed":
+            return self.r
+        self._seen.append(f_z - f_mu if self.mode == "adaptive" else f_z)
+        self.r = self._scale(self._seen)
+        return self.r
+
+    def _scale(self, values) -> float:
+        vals = list(values)
+        if self.mode == "auto":
+            if len(vals) < 2:
+                return self.r
+            mean = sum(vals) / len(vals)
+            return max(MIN_SCALE, math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals)))
+        mags = sorted(abs(v) for v in vals)
+        n = len(mags)
+        median = mags[n // 2] if n % 2 else 0.5 * (mags[n // 2 - 1] + mags[n // 2])
+        return max(MIN_SCALE, self.factor * MAD_TO_STD * median)
+
+    # -- persistence ----------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"mode": self.mode, "r": self.r, "seen": list(self._seen)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("mode") != self.mode:
+            raise ValueError(f"fitness scale state is not of mode {self.mode!r}: {state!r:.80}")
+        seen = state.get("seen", [])
+        r = state.get("r", self.r)
+        if not isinstance(seen, list | tuple) or not all(
+                isinstance(v, int | float) and math.isfinite(v) for v in seen):
+            raise ValueError("fitness scale state 'seen' must be a list of finite numbers")
+        if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+            raise ValueError(f"fitness scale state r must be > 0, got {r!r}")
+        if self.mode != "fixed":
+            self.r = float(r)
+        self._seen = deque((float(v) for v in seen), maxlen=self.window)

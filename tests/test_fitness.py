@@ -1,0 +1,112 @@
+"""The fitness scale: fixed, adaptive (robust spread of f(z) − f(μ)) and auto; its state survives a restart."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aesrl_queue.distributions import make_distribution
+from aesrl_queue.fitness import MAD_TO_STD, FitnessScale
+from aesrl_queue.rules import update_ratio
+
+
+def test_fixed_scale_never_moves() -> None:
+    s = FitnessScale("fixed", r=2000.0)
+    assert [s.update(f, 0.0) for f in (-1e6, 0.0, 5.0, 1e9)] == [2000.0] * 4
+    assert not s.adapts
+
+
+def test_adaptive_scale_is_the_robust_spread_of_the_gaps() -> None:
+    s = FitnessScale("adaptive", window=5)
+    gaps = [10.0, -20.0, 30.0, -40.0, 50.0]
+    for g in gaps:
+        r = s.update(100.0 + g, 100.0)
+    assert r == pytest.approx(MAD_TO_STD * 30.0)  # median of |gaps|
+    # One huge RL gap moves the median by one rank, not by its size.
+    r_after = s.update(1e6, 0.0)
+    assert r_after == pytest.approx(MAD_TO_STD * 40.0)
+    # The window slides: the oldest gaps leave.
+    for _ in range(5):
+        r = s.update(1.0, 0.0)
+    assert r == pytest.approx(MAD_TO_STD * 1.0)
+
+
+def test_adaptive_scale_follows_the_size_of_the_gaps_not_of_the_returns() -> None:
+    """At fixed r = 2000 a gap of 300 gives p ≈ 0.5 (no selection); the adaptive r separates it."""
+    rng = np.random.default_rng(0)
+    s = FitnessScale("adaptive", window=100)
+    for g in rng.normal(0.0, 300.0, size=100):
+        s.update(-200.0 + g, -200.0)
+    assert 200.0 < s.r < 450.0
+    assert update_ratio("baseline-relative", 100.0, -200.0, 2000.0) == pytest.approx(0.535, abs=0.01)
+    assert update_ratio("baseline-relative", -500.0, -200.0, 2000.0) == pytest.approx(0.459, abs=0.01)
+    assert update_ratio("baseline-relative", 100.0, -200.0, s.r) > 0.6
+    assert update_ratio("baseline-relative", -650.0, -200.0, s.r) == 0.0
+
+
+def test_zero_gaps_keep_r_positive() -> None:
+    s = FitnessScale("adaptive")
+    assert s.update(5.0, 5.0) > 0
+
+
+def test_auto_is_the_spread_of_the_fitnesses() -> None:
+    s = FitnessScale("auto")
+    vals = [1.0, 2.0, 3.0, 4.0]
+    for v in vals:
+        r = s.update(v, 0.0)
+    assert r == pytest.approx(float(np.std(vals)))
+
+
+@pytest.mark.parametrize("bad", [dict(mode="nope"), dict(mode="fixed"), dict(mode="fixed", r=-1.0),
+                                 dict(window=0), dict(factor=0.0), dict(factor=math.nan)])
+def test_bad_settings_are_rejected(bad) -> None:
+    with pytest.raises(ValueError):
+        FitnessScale(**bad)
+
+
+def test_state_round_trip_and_rejects_garbage() -> None:
+    s = FitnessScale("adaptive", window=4)
+    for g in (1.0, -3.0, 7.0):
+        s.update(g, 0.0)
+    t = FitnessScale("adaptive", window=4)
+    t.load_state(s.state())
+    assert t.r == s.r and t.update(2.0, 0.0) == s.update(2.0, 0.0)
+    for bad in ({"mode": "auto", "seen": []}, {"mode": "adaptive", "seen": [math.inf]},
+                {"mode": "adaptive", "seen": [], "r": 0.0}, "x"):
+        with pytest.raises(ValueError):
+            t.load_state(bad)  # type: ignore[arg-type]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1e4, 1e4), st.floats(-1e4, 1e4)), min_size=1, max_size=30),
+       st.integers(0, 2**31 - 1))
+def test_distribution_with_adaptive_r_resumes_identically(results, seed) -> None:
+    """state() → load_state() of an AES-RL distribution → the same r, p and μ for what follows."""
+    rng = np.random.default_rng(seed)
+    mu0 = rng.normal(size=6).astype(np.float32)
+    a = make_distribution("aesrl", mu0, r="adaptive", r_window=8)
+    half = len(results) // 2
+    for f_z, f_mu in results[:half]:
+        a.tell(a.sample(int(rng.integers(2**31))), f_z, f_mu)
+    b = make_distribution("aesrl", mu0, r="adaptive", r_window=8)
+    b.load_state(a.state())
+    for f_z, f_mu in results[half:]:
+        z = a.sample(int(rng.integers(2**31)))
+        assert a.tell(z, f_z, f_mu) == b.tell(z, f_z, f_mu)
+        assert a.r == b.r
+    assert np.array_equal(a.mean, b.mean) and np.array_equal(a.var, b.var)
+
+
+def test_rejected_result_does_not_enter_the_scale() -> None:
+    d = make_distribution("aesrl", np.zeros(4, np.float32), r="adaptive")
+    d.tell(np.ones(4, np.float32) * 0.01, 10.0, 0.0)
+    before = d.scale.state()
+    with pytest.raises(ValueError):
+        d.tell(np.array([0, 0, math.nan, 0], np.float32), 50.0, 0.0)
+    with pytest.raises(ValueError):
+        d.tell(np.zeros(4, np.float32), math.inf, 0.0)
+    assert d.scale.state() == before
