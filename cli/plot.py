@@ -175,12 +175,62 @@ def interaction_stats(group: Group, bins: int = INTERACTION_BINS) -> dict[str, n
     return out
 
 
+def kind_means(group: Group, key: str, bins: int = INTERACTION_BINS) -> dict[str, np.ndarray]:
+    """Per bin of stored steps, pooled over the group's runs: the mean of update field `key` after ES
+    updates and after RL updates ({"x", "es", "rl"}; NaN where a bin has fewer than MIN_PER_BIN)."""
+    ups = [u for r in group.runs for u in r.updates
+           if u.get("kind") in ("es", "rl") and _finite(u.get("steps")) and _finite(u.get(key))]
+    if not ups:
+        return {}
+    steps = np.array([u["steps"] for u in ups], dtype=float)
+    vals = np.array([u[key] for u in ups], dtype=float)
+    kinds = np.array([u["kind"] for u in ups])
+    bins = int(max(2, min(bins, len(ups) // 20)))
+    grid = np.linspace(0, max(steps.max(), 1.0), bins + 1)
+    idx = np.clip(np.searchsorted(grid, steps, side="right") - 1, 0, bins - 1)
+    out: dict[str, np.ndarray] = {"x": (grid[:-1] + grid[1:]) / 2}
+    with np.errstate(all="ignore"):
+        for kind in ("es", "rl"):
+            m = kinds == kind
+            n = np.bincount(idx[m], minlength=bins).astype(float)
+            out[kind] = np.where(n >= MIN_PER_BIN, np.bincount(idx[m], weights=vals[m], minlength=bins) / n, np.nan)
+    return out
+
+
 def _improved(u: dict[str, Any]) -> float:
     if isinstance(u.get("improved"), bool):
         return float(u["improved"])
     if _finite(u.get("f_z")) and _finite(u.get("f_mu")):
         return float(u["f_z"] > u["f_mu"])
     return math.nan
+
+
+def _diagnostics(g: Group, c: str, ax_sigma, ax_r, ax_dist, empty_axes: set) -> None:
+    """The bottom row: σ after each kind of update, the fitness scale, RL distances from μ."""
+    sig = kind_means(g, "sigma_mean")
+    for kind, ls in (("rl", "-"), ("es", "--")):
+        if sig and np.isfinite(sig[kind]).any():
+            empty_axes.discard(ax_sigma)
+            ax_sigma.plot(sig["x"], sig[kind], color=c, ls=ls, lw=2, marker="o", ms=3)
+    for r in g.runs:  # r and |Δ| are per update: a thin line per run, both kinds pooled
+        pts = [(u["steps"], u["r"], abs(u["delta"]) if _finite(u.get("delta")) else np.nan)
+               for u in r.updates if _finite(u.get("r")) and u.get("told", True)]
+        if pts:
+            arr = np.array(pts, dtype=float)
+            empty_axes.discard(ax_r)
+            ax_r.plot(arr[:, 0], arr[:, 1], color=c, lw=1.5)
+            grid = np.linspace(arr[0, 0], max(arr[-1, 0], arr[0, 0] + 1), INTERACTION_BINS + 1)
+            ok = np.isfinite(arr[:, 2])
+            if ok.sum() >= 2:
+                ax_r.plot((grid[:-1] + grid[1:]) / 2, binned_curve(arr[ok, 0], arr[ok, 2], grid), color=c,
+                          ls="--", lw=1)
+            if np.nanmax(arr[:, 1]) / max(np.nanmin(arr[:, 1]), 1e-12) > 50:
+                ax_r.set_yscale("log")
+    for key, ls in (("dist_before", "--"), ("dist_after", "-")):
+        d = kind_means(g, key)
+        if d and np.isfinite(d["rl"]).any():
+            empty_axes.discard(ax_dist)
+            ax_dist.plot(d["x"], d["rl"], color=c, ls=ls, lw=2, marker="o", ms=3)
 
 
 def _fmt_steps(x: float, _pos=None) -> str:
@@ -211,18 +261,21 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
     groups = group_runs(runs)
     envs = sorted({str(r.config.get("env_id", "?")) for r in runs})
 
-    fig = plt.figure(figsize=(16, 9.5), dpi=dpi, layout="constrained")
-    gs = fig.add_gridspec(2, 6, height_ratios=[1.25, 1])
+    fig = plt.figure(figsize=(16, 13), dpi=dpi, layout="constrained")
+    gs = fig.add_gridspec(3, 6, height_ratios=[1.25, 1, 1])
     ax_steps = fig.add_subplot(gs[0, :3])
     ax_time = fig.add_subplot(gs[0, 3:])
     ax_share = fig.add_subplot(gs[1, :2])
     ax_p = fig.add_subplot(gs[1, 2:4])
     ax_imp = fig.add_subplot(gs[1, 4:])
+    ax_sigma = fig.add_subplot(gs[2, :2])
+    ax_r = fig.add_subplot(gs[2, 2:4])
+    ax_dist = fig.add_subplot(gs[2, 4:])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     steps_fmt = FuncFormatter(_fmt_steps)
     longest = max((e.get("elapsed") or 0.0) for r in runs for e in r.evals)
     t_div, t_unit = (1.0, "seconds") if longest < 180 else (60.0, "minutes") if longest < 3 * 3600 else (3600.0, "hours")
-    empty_axes = {ax_share, ax_p, ax_imp}
+    empty_axes = {ax_share, ax_p, ax_imp, ax_sigma, ax_r, ax_dist}
 
     for gi, g in enumerate(groups):
         c = colors[gi % len(colors)]
@@ -235,6 +288,7 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
             ax.plot(x * scale, mean, color=c, lw=2, label=label)
             if n > 1:
                 ax.fill_between(x * scale, mean - std, mean + std, color=c, alpha=0.2, lw=0)
+        _diagnostics(g, c, ax_sigma, ax_r, ax_dist, empty_axes)
         st = interaction_stats(g)
         if not st:
             continue
@@ -258,14 +312,24 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
              ylim=(-0.03, 1.03))
     ax_imp.set(title="how often each kind beat f(μ)", xlabel="stored steps", ylabel="fraction with f(z) > f(μ)",
                ylim=(-0.03, 1.03))
-    for ax in (ax_steps, ax_time, ax_share, ax_p, ax_imp):
+    ax_sigma.set(title="mean σ after ES and after RL updates", xlabel="stored steps", ylabel="mean σ of the distribution")
+    ax_sigma.set_yscale("log")
+    ax_r.set(title="fitness scale r in use, and mean |f(z) − f(μ)|", xlabel="stored steps",
+             ylabel="r (solid), mean |Δ| (dashed)")
+    ax_dist.set(title="RL individual's distance from its μ", xlabel="stored steps",
+                ylabel="‖z − μ‖: sampled (dashed), trained (solid)")
+    for ax in (ax_steps, ax_time, ax_share, ax_p, ax_imp, ax_sigma, ax_r, ax_dist):
         ax.grid(True, alpha=0.3)
-    for ax in (ax_steps, ax_share, ax_p, ax_imp):
+    for ax in (ax_steps, ax_share, ax_p, ax_imp, ax_sigma, ax_r, ax_dist):
         ax.xaxis.set_major_formatter(steps_fmt)
+    ax_sigma.legend(handles=[Line2D([], [], color="0.3", ls="-", lw=2, label="after RL updates"),
+                             Line2D([], [], color="0.3", ls="--", lw=2, label="after ES updates")],
+                    loc="best", fontsize=9)
     ax_steps.legend(loc="lower right", fontsize=9, framealpha=0.9)
     for ax in empty_axes:
-        ax.text(0.5, 0.5, "no RL individuals" if ax is ax_share else f"fewer than {MIN_PER_BIN} updates per bin",
-                transform=ax.transAxes, ha="center", va="center", color="0.4")
+        why = ("no RL individuals" if ax in (ax_share, ax_dist) else "no fitness scale recorded" if ax is ax_r
+               else f"fewer than {MIN_PER_BIN} updates per bin")
+        ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", color="0.4")
     # Runs of very different durations (ES alone vs with a critic) share the time axis on a log scale.
     durations = [max((e.get("elapsed") or 0.0) for e in r.evals) for r in runs]
     firsts = [min((e.get("elapsed") or 0.0) for e in r.evals) for r in runs]

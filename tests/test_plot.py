@@ -13,7 +13,7 @@ import sys
 import numpy as np
 from PIL import Image
 
-from cli.plot import group_curve, group_runs, interaction_stats, load_run
+from cli.plot import group_curve, group_runs, interaction_stats, kind_means, load_run
 from tests.conftest import ROOT, child_env
 
 
@@ -31,7 +31,9 @@ def write_run(folder, algo="aesrl", seed=0, n=120, slope=1.0, offset=-1000.0, rl
             f_z = f_mu + (10.0 if kind == "rl" else -10.0)  # RL always beats f(μ), ES never
             rec = {"type": "update", "t": 5000.0 + i * dt, "elapsed": i * dt, "steps": i * 100, "interactions": i * 400,
                    "version": i, "kind": kind, "p": p_rl if kind == "rl" else p_es, "f_z": f_z, "f_mu": f_mu,
-                   "improved": f_z > f_mu, "sigma_mean": 0.03, "sigma_min": 0.01, "sigma_max": 0.05}
+                   "improved": f_z > f_mu, "sigma_mean": 0.03 if kind == "rl" else 0.01, "sigma_min": 0.01,
+                   "sigma_max": 0.05, "r": 5.0 + i / 10, "delta": f_z - f_mu, "told": True,
+                   "dist_before": 0.5 if kind == "rl" else None, "dist_after": 2.0 if kind == "rl" else None}
             fh.write(json.dumps(rec) + "\n")
             fh.write(json.dumps({"type": "mu_eval", "t": 5000.0 + i * dt, "elapsed": i * dt, "steps": i * 100,
                                  "mu_version": i - 1, "f_mu": f_mu}) + "\n")
@@ -94,11 +96,21 @@ def test_plot_command_writes_a_readable_png(tmp_path):
     assert (px.min(axis=2) < 250).mean() > 0.03
     chroma = px.max(axis=2) - px.min(axis=2)
     assert (chroma > 60).mean() > 0.005
-    # Every one of the five panels has ink: split the figure into its grid and check each cell.
-    for (y0, y1), cols in (((0.08, 0.52), 2), ((0.58, 0.95), 3)):
+    # Every one of the eight panels has ink: split the figure into its grid and check each cell.
+    for (y0, y1), cols in (((0.08, 0.38), 2), ((0.42, 0.68), 3), ((0.72, 0.97), 3)):
         for c in range(cols):
             cell = px[int(y0 * h):int(y1 * h), int(c * w / cols):int((c + 1) * w / cols)]
             assert ((cell.max(axis=2) - cell.min(axis=2)) > 60).mean() > 0.002, (y0, c)
+
+
+def test_diagnostics_are_binned_by_kind(tmp_path):
+    (group,) = group_runs([load_run(write_run(tmp_path / "r", rl_every=4))])
+    sig = kind_means(group, "sigma_mean", bins=6)
+    np.testing.assert_allclose(sig["rl"], 0.03)
+    np.testing.assert_allclose(sig["es"], 0.01)
+    d = kind_means(group, "dist_after", bins=6)
+    np.testing.assert_allclose(d["rl"], 2.0)
+    assert np.all(np.isnan(d["es"]))  # ES updates carry no distance
 
 
 def test_plot_refuses_folders_without_metrics(tmp_path):
