@@ -184,8 +184,9 @@ class AesrlDistribution(AsyncDistribution):
         if isinstance(r, str):
             if r not in ("adaptive", "auto"):
                 raise ValueError(f"r must be a positive number, 'adaptive' or 'auto', got {r!r}")
-            self.scale = FitnessScale(r, window=_int("r_window", r_window, 1),
-                                      factor=_real("r_factor", r_factor, positive=True))
+            window = _int("r_window", r_window, 1)
+            self.scale = FitnessScale(r, window=window, factor=_real("r_factor", r_factor, positive=True),
+                                      min_gaps=min(5, window))
             r = self.scale.r
         elif r is None:
             if mean_rule != "one-plus-one":
@@ -226,7 +227,10 @@ class AesrlDistribution(AsyncDistribution):
             if self.scale is not None and not np.all(np.isfinite(z)):  # before the scale counts it
                 raise ValueError("z must be finite (and within float32 range)")
         if self.scale is not None:  # inputs are valid: this result now counts towards the scale
-            self.r = self.scale.update(f_z, f_mu)
+            r_now = self.scale.update(f_z, f_mu)
+            self.r = self.scale.r
+            if r_now is None:  # too few gaps to know their spread: recorded, μ stays
+                return 0.0
         # one-plus-one ignores r; pass a harmless placeholder rather than None.
         r = 1.0 if self.r is None else self.r
         p = update_ratio(self.mean_rule, f_z, f_mu, r, self.negative_ratio)
@@ -255,7 +259,8 @@ class AesrlDistribution(AsyncDistribution):
     def _check_extra_state(self, state: dict[str, Any]) -> Any:
         if self.scale is None or "scale" not in state:  # a state written before the scale existed
             return None
-        probe = FitnessScale(self.scale.mode, window=self.scale.window, factor=self.scale.factor)
+        probe = FitnessScale(self.scale.mode, window=self.scale.window, factor=self.scale.factor,
+                             min_gaps=self.scale.min_gaps)
         probe.load_state(state["scale"])
         return probe
 

@@ -9,6 +9,10 @@ r = 2000, so every individual gets p ≈ 0.5 and μ averages the last individual
 
     r = factor · 1.4826 · median(|Δ_i|) over the last `window` gaps (the current one included)
 
+and `update` returns None (no move of μ) until `min_gaps` gaps are known: one gap says nothing of
+their spread, and a first RL individual far below μ would otherwise set r to its own gap and pull μ
+a quarter of the way towards itself.
+
 1.4826·median|Δ| is the standard deviation of Δ when Δ is normal around 0, but one RL individual
 that beats μ by thousands, or a broken ES individual far below it, moves it by one rank, not by its
 size (the reviewers of the paper point out that rank-like statistics are the robust choice). The
@@ -36,7 +40,7 @@ class FitnessScale:
     """The r a mean rule should use now; `update(f_z, f_mu)` records one result and returns it."""
 
     def __init__(self, mode: str = "adaptive", r: float | None = None, window: int = 100,
-                 factor: float = 1.0) -> None:
+                 factor: float = 1.0, min_gaps: int = 5) -> None:
         if mode not in SCALE_MODES:
             raise ValueError(f"unknown fitness scale {mode!r}; allowed: {', '.join(SCALE_MODES)}")
         if mode == "fixed":
@@ -46,7 +50,10 @@ class FitnessScale:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
         if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"factor must be > 0, got {factor!r}")
+        if isinstance(min_gaps, bool) or not isinstance(min_gaps, int) or not 1 <= min_gaps <= window:
+            raise ValueError(f"min_gaps must be an int in [1, window], got {min_gaps!r}")
         self.mode = mode
+        self.min_gaps = min_gaps if mode == "adaptive" else 1
         self.window = window if mode == "adaptive" else AUTO_WINDOW
         self.factor = float(factor)
         self.r = float(r) if r is not None else 1.0
@@ -63,13 +70,19 @@ class FitnessScale:
         sample = f_z - f_mu if self.mode == "adaptive" else f_z
         return self._scale([*self._seen, sample][-self.window:])
 
-    def update(self, f_z: float, f_mu: float) -> float:
-        """Record one evaluated individual (f(z) and the f(μ) it is compared with); return r."""
+    @property
+    def ready(self) -> bool:
+        """Enough gaps are known for r to mean something."""
+        return self.mode == "fixed" or len(self._seen) >= self.min_gaps
+
+    def update(self, f_z: float, f_mu: float) -> float | None:
+        """Record one evaluated individual (f(z) and the f(μ) it is compared with); return r, or None
+        while fewer than `min_gaps` gaps are known (the individual must not move μ then)."""
         if self.mode == "fixed":
             return self.r
         self._seen.append(f_z - f_mu if self.mode == "adaptive" else f_z)
         self.r = self._scale(self._seen)
-        return self.r
+        return self.r if self.ready else None
 
     def _scale(self, values) -> float:
         vals = list(values)

@@ -21,7 +21,7 @@ def test_fixed_scale_never_moves() -> None:
 
 
 def test_adaptive_scale_is_the_robust_spread_of_the_gaps() -> None:
-    s = FitnessScale("adaptive", window=5)
+    s = FitnessScale("adaptive", window=5, min_gaps=5)
     gaps = [10.0, -20.0, 30.0, -40.0, 50.0]
     for g in gaps:
         r = s.update(100.0 + g, 100.0)
@@ -49,8 +49,20 @@ def test_adaptive_scale_follows_the_size_of_the_gaps_not_of_the_returns() -> Non
 
 
 def test_zero_gaps_keep_r_positive() -> None:
-    s = FitnessScale("adaptive")
+    s = FitnessScale("adaptive", min_gaps=1)
     assert s.update(5.0, 5.0) > 0
+
+
+def test_no_move_until_the_spread_of_the_gaps_is_known() -> None:
+    """A first RL individual 300 below μ must not set r to its own gap (p would be 0.25)."""
+    s = FitnessScale("adaptive", min_gaps=5)
+    assert [s.update(g, 0.0) for g in (-300.0, 10.0, -20.0, 30.0)] == [None] * 4
+    assert not s.ready and s.update(-40.0, 0.0) == pytest.approx(MAD_TO_STD * 30.0) and s.ready
+    d = make_distribution("aesrl", np.zeros(3, np.float32), r="adaptive")
+    z = np.full(3, 0.5, np.float32)
+    assert [d.tell(z, g, 0.0) for g in (-300.0, 10.0, 20.0, 30.0)] == [0.0] * 4
+    assert d.version == 0 and np.all(d.mean == 0)
+    assert d.tell(z, 40.0, 0.0) > 0.5 and d.version == 1
 
 
 def test_auto_is_the_spread_of_the_fitnesses() -> None:
@@ -62,17 +74,18 @@ def test_auto_is_the_spread_of_the_fitnesses() -> None:
 
 
 @pytest.mark.parametrize("bad", [dict(mode="nope"), dict(mode="fixed"), dict(mode="fixed", r=-1.0),
-                                 dict(window=0), dict(factor=0.0), dict(factor=math.nan)])
+                                 dict(window=0), dict(factor=0.0), dict(factor=math.nan), dict(min_gaps=0),
+                                 dict(window=3, min_gaps=4)])
 def test_bad_settings_are_rejected(bad) -> None:
     with pytest.raises(ValueError):
         FitnessScale(**bad)
 
 
 def test_state_round_trip_and_rejects_garbage() -> None:
-    s = FitnessScale("adaptive", window=4)
+    s = FitnessScale("adaptive", window=4, min_gaps=2)
     for g in (1.0, -3.0, 7.0):
         s.update(g, 0.0)
-    t = FitnessScale("adaptive", window=4)
+    t = FitnessScale("adaptive", window=4, min_gaps=2)
     t.load_state(s.state())
     assert t.r == s.r and t.update(2.0, 0.0) == s.update(2.0, 0.0)
     for bad in ({"mode": "auto", "seen": []}, {"mode": "adaptive", "seen": [math.inf]},
