@@ -7,16 +7,19 @@ r = 2000, so every individual gets p ≈ 0.5 and μ averages the last individual
 
 `FitnessScale("adaptive")` (the default) sets r to a robust spread of the recent gaps instead:
 
-    r = factor · 1.4826 · median(|Δ_i|) over the last `window` gaps (the current one included)
+    r = factor · 1.4826 · median(|Δ_i − median(Δ)|) over the last `window` gaps (current included)
 
 and `update` returns None (no move of μ) until `min_gaps` gaps are known: one gap says nothing of
 their spread, and a first RL individual far below μ would otherwise set r to its own gap and pull μ
 a quarter of the way towards itself.
 
-1.4826·median|Δ| is the standard deviation of Δ when Δ is normal around 0, but one RL individual
-that beats μ by thousands, or a broken ES individual far below it, moves it by one rank, not by its
-size (the reviewers of the paper point out that rank-like statistics are the robust choice). The
-scale follows the run: it shrinks while Δ is small and grows as returns do.
+the median absolute deviation (MAD) of the gaps, scaled to equal their standard deviation when they
+are normal. One RL individual that beats μ by thousands, or a broken ES individual far below it,
+moves it by one rank, not by its size (the reviewers of the paper point out that rank-like
+statistics are the robust choice). It is a spread around the gaps' median, not around 0: early in a
+run most individuals are worse than μ (gaps of −300 ± 50, say), and a scale of their size (~450)
+would give each of them p ≈ 0.3; their spread (~75) gives them p = 0. The scale follows the run: it
+shrinks while the gaps agree and grows as returns do.
 
 `FitnessScale("auto")` is the older estimate kept for comparison: the standard deviation of the
 last 1000 fitnesses (not gaps), which mixes progress over time into the scale.
@@ -31,9 +34,15 @@ from collections import deque
 from typing import Any
 
 SCALE_MODES = ("adaptive", "auto", "fixed")
-MAD_TO_STD = 1.4826  # 1/Φ⁻¹(3/4): median(|x|) of N(0, s²) is s/1.4826
+MAD_TO_STD = 1.4826  # 1/Φ⁻¹(3/4): the MAD of N(m, s²) is s/1.4826
 MIN_SCALE = 1e-6  # r must stay > 0 even when every gap so far is 0 (a deterministic, flat start)
 AUTO_WINDOW = 1000
+
+
+def _median(values: list[float]) -> float:
+    vals = sorted(values)
+    n = len(vals)
+    return vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
 
 
 class FitnessScale:
@@ -91,10 +100,8 @@ class FitnessScale:
                 return self.r
             mean = sum(vals) / len(vals)
             return max(MIN_SCALE, math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals)))
-        mags = sorted(abs(v) for v in vals)
-        n = len(mags)
-        median = mags[n // 2] if n % 2 else 0.5 * (mags[n // 2 - 1] + mags[n // 2])
-        return max(MIN_SCALE, self.factor * MAD_TO_STD * median)
+        centre = _median(vals)
+        return max(MIN_SCALE, self.factor * MAD_TO_STD * _median([abs(v - centre) for v in vals]))
 
     # -- persistence ----------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -25,14 +25,26 @@ def test_adaptive_scale_is_the_robust_spread_of_the_gaps() -> None:
     gaps = [10.0, -20.0, 30.0, -40.0, 50.0]
     for g in gaps:
         r = s.update(100.0 + g, 100.0)
-    assert r == pytest.approx(MAD_TO_STD * 30.0)  # median of |gaps|
-    # One huge RL gap moves the median by one rank, not by its size.
+    assert r == pytest.approx(MAD_TO_STD * 30.0)  # median 10; deviations 0, 30, 20, 50, 40
+    # One huge RL gap moves the spread by one rank, not by its size.
     r_after = s.update(1e6, 0.0)
-    assert r_after == pytest.approx(MAD_TO_STD * 40.0)
+    assert r_after == pytest.approx(MAD_TO_STD * 50.0)  # -20, 30, -40, 50, 1e6: median 30
     # The window slides: the oldest gaps leave.
-    for _ in range(5):
-        r = s.update(1.0, 0.0)
+    for g in (1.0, 3.0, 1.0, 3.0, 2.0):
+        r = s.update(g, 0.0)
     assert r == pytest.approx(MAD_TO_STD * 1.0)
+
+
+def test_gaps_that_agree_give_a_small_scale_even_far_from_zero() -> None:
+    """Early on most individuals are ~300 below μ: their spread, not their size, is the scale, so
+    they get p = 0 while one that beats μ gets p near 1."""
+    s = FitnessScale("adaptive", window=100)
+    rng = np.random.default_rng(1)
+    for g in rng.normal(-300.0, 50.0, size=100):
+        s.update(g, 0.0)
+    assert 30.0 < s.r < 70.0  # the spread, 50 (a MAD of 100 samples)
+    assert update_ratio("baseline-relative", -300.0, 0.0, s.r) == 0.0
+    assert update_ratio("baseline-relative", 300.0, 0.0, s.r) > 0.85
 
 
 def test_adaptive_scale_follows_the_size_of_the_gaps_not_of_the_returns() -> None:
