@@ -382,6 +382,66 @@ def es_line(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _mean(rs: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in rs if r.get(key) is not None and math.isfinite(r[key])]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def quarter_drops(row: dict[str, Any], random_steps: int) -> list[tuple[int, int, float, float]]:
+    """(start, end, f(μ) at start, f(μ) at end) of each part of the budget after the random phase
+    (random phase → 25 %, 25 → 50, 50 → 75, 75 → 100 %) that ended below its start."""
+    curve = np.array(row["curve"], dtype=float)
+    if not len(curve):
+        return []
+    ok = np.isfinite(curve[:, 3])
+    xs, ys = curve[ok, 0], curve[ok, 3]
+    budget = row["budget_steps"]
+    marks = [m for m in (random_steps, budget // 4, budget // 2, 3 * budget // 4, budget) if m >= random_steps]
+    out = []
+    for a, b in zip(marks, marks[1:], strict=False):
+        fa, fb = window_mean(xs, ys, a), window_mean(xs, ys, b)
+        if math.isfinite(fa) and math.isfinite(fb) and fb < fa:
+            out.append((a, b, fa, fb))
+    return out
+
+
+def targets(rows: list[dict[str, Any]]) -> str:
+    """Issue 14's targets, each with its measured figures and met / missed / open (cells missing)."""
+    lines = []
+    envs = sorted({(r["env"], r["budget_steps"]) for r in rows if r["algo"] in ("aesrl", "td3", "cemrl")})
+    g = groups(rows)
+    for env, budget in envs:
+        def rs(algo, env=env, budget=budget):
+            return g.get((env, budget, algo), [])
+        a = rs("aesrl")
+        for other in ("td3", "cemrl"):
+            o = rs(other)
+            if a and o:
+                ok = _mean(a, "final") >= _mean(o, "final")
+                lines.append(f"{env}: aesrl {_mean(a, 'final'):.0f} ({len(a)} seeds) >= {other} "
+                             f"{_mean(o, 'final'):.0f} ({len(o)} seeds) at 100 %: {'met' if ok else 'missed'}")
+        pa = rs("aesrl-paper")
+        if a and pa:
+            parts = [f"{q}: {_mean(a, k):.0f} vs {_mean(pa, k):.0f}" for q, k in (("25 %", "q25"), ("50 %", "q50"),
+                                                                                   ("100 %", "final"))]
+            ok = all(_mean(a, k) >= _mean(pa, k) for k in ("q25", "q50", "final"))
+            lines.append(f"{env}: aesrl >= aesrl-paper at 25/50/100 % ({'; '.join(parts)}): "
+                         f"{'met' if ok else 'missed'}")
+        t, sb = rs("td3"), rs("sb3-td3")
+        if t and sb:
+            ft, fs = _mean(t, "final"), _mean(sb, "final")
+            ok = ft >= fs or ft >= fs - 0.15 * abs(fs)
+            lines.append(f"{env}: td3 {ft:.0f} vs sb3-td3 {fs:.0f} (within 15 % or ahead): {'met' if ok else 'missed'}")
+        for algo in ("aesrl",):
+            for r in rs(algo):
+                random_steps = int(r.get("settings", {}).get("random_steps", 0) or 0)
+                drops = quarter_drops(r, random_steps)
+                verdict = "met" if not drops else "missed: " + "; ".join(
+                    f"{a0:,}→{b0:,} steps {fa:.0f}→{fb:.0f}" for a0, b0, fa, fb in drops)
+                lines.append(f"{env}: {algo} seed {r['seed']} never ends a quarter below its start: {verdict}")
+    return "\n".join(lines) if lines else "  (no comparable cells yet)"
+
+
 def settings_lines(rows: list[dict[str, Any]]) -> list[str]:
     seen: dict[str, str] = {}
     for r in rows:
@@ -438,6 +498,8 @@ def report(rows: list[dict[str, Any]], runs_dir: Path) -> None:
     print(table_steps(rows))
     print("\nAt equal environment interactions (the same window, on the interactions axis):")
     print(table_interactions(rows) or "  (needs two algorithms of one environment)")
+    print("\nTargets (issue 14):")
+    print(targets(rows))
     print()
     print(es_line(rows))
     print("\nSettings (the same for every algorithm of an environment; queue runs use "
