@@ -314,8 +314,10 @@ ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     # ES alone: the adaptive variance rule shrinks var by (1 − p) on average whenever p >= 0.5 and
     # nothing (no RL individual) widens it again, so var sits at its floor within ~20 updates and
     # the floor is the step size. The paper's 1e-5 (σ 0.003) does not move a policy measurably;
-    # var_init's 1e-3 keeps σ ≈ 0.03 (docs/algorithms.md, "ES alone").
-    "es": {"var_floor": 1e-3},
+    # var_init's 1e-3 keeps σ ≈ 0.03. And fixed-linear (p = Δ/r for Δ > 0, else 0): baseline-relative
+    # gives p = 0.5 to an individual no better than μ, a random walk that ES alone cannot outpace
+    # (bench/es_rules.py; docs/algorithms.md, "ES alone").
+    "es": {"var_floor": 1e-3, "mean_rule": "fixed-linear"},
     "pcemrl": {"batch_size": 256, "replay_capacity": 1_000_000},
 }
 PAPER_ENVS = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer")

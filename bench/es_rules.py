@@ -1,0 +1,133 @@
+"""ES alone on Pendulum-v1: which AES-RL rules let the distribution learn without RL individuals.
+
+The same `AesrlDistribution` the scheduler uses, driven in one process with no Redis and no
+asynchrony (each individual is told before the next is drawn), so one 1M-step run takes about a
+minute and the rules can be compared over several seeds. Each individual is one episode of
+z ~ N(μ, var); f(μ) is measured as the scheduler's jobs measure it (paired: one episode of μ from
+the individual's start state; unpaired: k episodes from other start states); every 100 individuals
+μ is evaluated on 10 fixed start states for the table.
+
+Variants (what `--algo es` used before and after issue 14, and the steps between):
+    paper        r = 200 (the old Pendulum preset), 3 unpaired f(μ) episodes, var floor 1e-5
+    adaptive     the adaptive scale, paired f(μ), var floor 1e-5
+    floor        the adaptive scale, paired f(μ), var floor 1e-3
+    linear       as floor, with the fixed-linear mean rule (p = Δ/r for Δ > 0, else 0)
+
+Usage: python bench/es_rules.py [--quick] [--seeds 0,1,2] [--steps 1000000] [--variants ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from aesrl_queue.distributions import make_distribution  # noqa: E402
+from aesrl_queue.nets import init_actor_params  # noqa: E402
+from aesrl_queue.numpy_actor import NumpyActor  # noqa: E402
+from aesrl_queue.rollout import env_dims, run_episodes  # noqa: E402
+
+ENV = "Pendulum-v1"
+HIDDEN = (64, 64)  # the Pendulum preset's actor
+VARIANTS = {
+    "paper": dict(r=200.0, mean_rule="baseline-relative", var_floor=1e-5, paired=False, k=3),
+    "adaptive": dict(r="adaptive", mean_rule="baseline-relative", var_floor=1e-5, paired=True, k=1),
+    "floor": dict(r="adaptive", mean_rule="baseline-relative", var_floor=1e-3, paired=True, k=1),
+    "linear": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1),
+}
+EVAL_STARTS = [10**6 + i for i in range(10)]
+
+
+def run(variant: str, seed: int, steps: int, eval_every: int = 100) -> dict:
+    v = VARIANTS[variant]
+    obs_dim, act_dim, max_action, _ = env_dims(ENV)
+    actor = NumpyActor(obs_dim, act_dim, max_action, HIDDEN, "tanh")
+    mu0 = init_actor_params(obs_dim, act_dim, max_action, HIDDEN, "tanh", seed=seed)
+    dist = make_distribution("aesrl", mu0, mean_rule=v["mean_rule"], var_rule="adaptive", r=v["r"],
+                             var_init=1e-3, var_floor=v["var_floor"])
+    rng = np.random.default_rng(seed)
+    stored, interactions, jobs, t0 = 0, 0, 0, time.monotonic()
+    curve, ps = [], []
+
+    def evaluate() -> float:
+        actor.set_params(dist.mean)
+        return float(np.mean([run_episodes(ENV, actor, k=1, seed=s, store=False).returns[0] for s in EVAL_STARTS]))
+
+    curve.append((0, evaluate()))
+    while stored < steps:
+        s = int(rng.integers(2**31))
+        z = dist.sample(s)
+        actor.set_params(z)
+        ep = run_episodes(ENV, actor, k=1, seed=s, store=False)
+        actor.set_params(dist.mean)
+        ev = run_episodes(ENV, actor, k=v["k"], seed=s if v["paired"] else s + 1, store=False)
+        stored += ep.lengths[0]
+        interactions += ep.lengths[0] + sum(ev.lengths)
+        ps.append(dist.tell(z, ep.returns[0], float(np.mean(ev.returns))))
+        jobs += 1
+        if jobs % eval_every == 0:
+            curve.append((stored, evaluate()))
+    last = [f for x, f in curve if x >= 0.9 * stored] or [curve[-1][1]]
+    return {"variant": variant, "seed": seed, "steps": stored, "interactions": interactions,
+            "f_mu_start": curve[0][1], "f_mu_final": float(np.mean(last)), "best": max(f for _, f in curve),
+            "sigma_final": float(np.sqrt(dist.var).mean()), "p_mean": float(np.mean(ps)),
+            "r_final": float(dist.r), "seconds": time.monotonic() - t0, "curve": curve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="20,000 steps, one seed, two variants (seconds)")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON output (default bench/results/es_rules.json; --quick: a temporary folder)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.variants = "0", 20_000, "paper,linear"
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+    out = args.out or (Path(tempfile.mkdtemp(prefix="es-rules-")) / "es_rules.json" if args.quick
+                       else ROOT / "bench" / "results" / "es_rules.json")
+    rows = []
+    for v in variants:
+        for seed in seeds:
+            row = run(v, seed, args.steps, eval_every=20 if args.quick else 100)
+            rows.append(row)
+            print(f"  {v:9s} seed {seed}: f(μ) {row['f_mu_start']:7.0f} -> {row['f_mu_final']:7.0f} "
+                  f"(best {row['best']:5.0f}), σ {row['sigma_final']:.4f}, mean p {row['p_mean']:.2f}, "
+                  f"{row['seconds']:.0f} s", flush=True)
+    print(f"\n{ENV}, ES alone, {args.steps:,} stored steps, actor {HIDDEN}; f(μ): mean return of μ on 10 fixed "
+          "start states, averaged over the last tenth of the run; ± std over seeds")
+    print(f"{'variant':>9} | {'seeds':>5} | {'f(μ) start':>11} | {'f(μ) final':>12} | {'best':>6} | {'σ final':>8} | "
+          f"{'mean p':>6} | {'interactions/step':>17}")
+    ref = None
+    for v in variants:
+        rs = [r for r in rows if r["variant"] == v]
+        fin = [r["f_mu_final"] for r in rs]
+        ref = np.mean(fin) if ref is None else ref
+        print(f"{v:>9} | {len(rs):>5} | {np.mean([r['f_mu_start'] for r in rs]):>11.0f} | "
+              f"{np.mean(fin):>6.0f} ± {np.std(fin):<4.0f} | {np.mean([r['best'] for r in rs]):>6.0f} | "
+              f"{np.mean([r['sigma_final'] for r in rs]):>8.4f} | {np.mean([r['p_mean'] for r in rs]):>6.2f} | "
+              f"{np.mean([r['interactions'] / r['steps'] for r in rs]):>17.1f}")
+    print("target (issue 14): mean f(μ) ≥ −400 within 1M stored steps over 3 seeds")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"env": ENV, "hidden": HIDDEN, "steps": args.steps, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
