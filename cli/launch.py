@@ -161,7 +161,7 @@ def progress_line(st: dict[str, Any], cfg: RunConfig, rate: float, elapsed: floa
     stopped = st.get("status") in ("finished", "stopped", "failed")
     parts = [
         (9, f"f(μ) {f['f_mu']}"),
-        (8, f"{st['steps']:,}/{cfg.total_steps:,} steps {pct:.0f}%"),
+        (8, f"{st['steps']:,}/{cfg.total_steps:,} ({pct:.0f}%)"),
         (0, ""),  # the bar, if there is room left
         (3, "" if stopped else f"{f['rate']} steps/s"),
         (4, "" if stopped else f"ETA {f['eta']}"),

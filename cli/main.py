@@ -374,9 +374,12 @@ def worker(redis_url, processes, burst, read_url) -> None:
 @cli.command()
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
 @click.option("--run", "run", default=None, help="Run to show (default: the newest).")
-@click.option("--watch", is_flag=True, help="Refresh about once a second until Ctrl-C.")
+@click.option("--watch", is_flag=True,
+              help="Refresh about once a second until Ctrl-C (a plain line a second when stdout is not a terminal).")
+@click.option("--until-done", is_flag=True, help="With --watch: exit when the run is finished, stopped or failed.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, help="Seconds between --watch refreshes.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def status(redis_url, run, watch, as_json) -> None:
+def status(redis_url, run, watch, until_done, interval, as_json) -> None:
     """Live population statistics of a run: f(μ), σ, steps, RL share, jobs, critic, workers."""
     from aesrl_queue.store import list_runs
     from cli.report import render, safe_gather
@@ -387,10 +390,10 @@ def status(redis_url, run, watch, as_json) -> None:
         if not runs:
             fail("run: no runs on this Redis yet", code=1)
         run = runs[-1][0]
-    if watch:
+    if watch or until_done:
         from cli.watch import watch_status
 
-        watch_status(client, run)
+        watch_status(client, run, interval=interval, until_done=until_done)
         return
     s = safe_gather(client, run)
     if isinstance(s, str):

@@ -127,8 +127,9 @@ def test_run_on_a_terminal_shows_a_progress_bar_and_writes_critic_metrics(redis_
         child.close(force=True)
     text = screen_text(child.before)
     assert child.exitstatus == 0, text[-3000:]
-    # The bar: stored steps against the budget, f(μ), steps/s and ETA on one redrawn line.
-    assert "━" in text and re.search(r"[\d,]+/2,400 steps\s+f\(μ\)\s+-?[\d.]+\s+[\d,]+ steps/s\s+ETA", text), text[-3000:]
+    # The line: f(μ) first, stored steps against the budget, a bar, steps/s and ETA, redrawn in place.
+    assert "━" in text and re.search(r"f\(μ\) -?[\d.]+\s+[\d,]+/2,400 \(\d+%\)\s+[━╌]+\s+[\d,]+ steps/s\s+ETA",
+                                     text), text[-3000:]
     assert "run folder" in text and "finished" in text
     assert os.path.isfile(tmp_path / "runs" / run / "metrics.jsonl")
     recs = [json.loads(x) for x in (tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()]
