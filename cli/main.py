@@ -531,7 +531,10 @@ def _check_extras(tensorboard_dir, wandb_project) -> None:
 @click.argument("run_folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--out", "out", default="curves.png", type=click.Path(dir_okay=False), help="PNG to write.")
 @click.option("--title", default=None, help="Figure title (default: the environments and run counts).")
-def plot(run_folders, out, title) -> None:
+@click.option("--x", "x_axis", type=click.Choice(["steps", "interactions"]), default="steps",
+              help="x-axis of the f(μ) curve: stored steps (the paper's), or every environment interaction "
+                   "(μ evaluations included).")
+def plot(run_folders, out, title, x_axis) -> None:
     """Learning curves (f(μ) vs stored steps and vs wall clock) and the ES/RL interaction chart of run folders.
 
     Runs whose configs differ only by seed are drawn as one curve: the mean with a ±1 std band.
@@ -539,7 +542,7 @@ def plot(run_folders, out, title) -> None:
     from cli.plot import PlotError, plot_runs
 
     try:
-        drawn = plot_runs(list(run_folders), out, title=title)
+        drawn = plot_runs(list(run_folders), out, title=title, x_axis=x_axis)
     except PlotError as exc:
         fail(str(exc), code=1)
     for why in drawn["skipped"]:

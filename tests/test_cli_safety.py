@@ -316,3 +316,16 @@ def test_status_of_a_stopped_run_and_watch_until_done_off_a_terminal(redis_url, 
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1 and "halted stopped" in lines[0] and "steps/s -" in lines[0], out.stdout
+
+
+# -- W&B --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_wandb_offline_logs_f_mu_without_a_network(tmp_path):
+    pytest.importorskip("wandb")
+    env = dict(child_env(), WANDB_MODE="offline", WANDB_SILENT="true")
+    out = subprocess.run([*AQ, "run", *SMALL, "--run-id", "wb", "--out", str(tmp_path), "--wandb-project", "aesrl"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    files = list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-wb.wandb"))
+    assert len(files) == 1, list((tmp_path / "wb").rglob("*"))
+    assert b"charts/f_mu" in files[0].read_bytes()  # the scalars TensorBoard gets, under the same names
