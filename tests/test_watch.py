@@ -87,7 +87,7 @@ def test_watch_shows_moving_numbers_and_sigterm_to_the_launcher_writes_the_run_f
     assert launcher.wait(90) == 128 + signal.SIGTERM, procs.log("launcher")
     log = procs.log("launcher")
     assert "terminated (SIGTERM): stopping the children" in log, log
-    assert re.search(r"[\d,]+/1,000,000 steps \(\s*[\d.]+%\)\s+f\(μ\) ", log), log  # plain progress lines
+    assert re.search(r"f\(μ\) -?[\d.]+\s+[\d,]+/1,000,000 \(\d+%\)", log), log  # plain progress lines
     wait_for(lambda: not live_workers(client), 20, what="workers to stop")
     assert store.status() == "stopped"
     run_dir = out_dir / run
