@@ -628,6 +628,11 @@ def one_line_error(exc: BaseException) -> str | None:
         return f"lost Redis ({exc}): is redis-server running? check --redis-url (or ${ENV_URL})"
     if isinstance(exc, CodecError):
         return f"unusable data: {exc}"
+    if isinstance(exc, ModuleNotFoundError):  # a custom env's module (--env mypkg.envs:MyEnv-v0)
+        return f"{str(exc).splitlines()[0]} — put its package on PYTHONPATH (on every machine that runs workers)"
+    gym = sys.modules.get("gymnasium")
+    if gym is not None and isinstance(exc, gym.error.Error):
+        return f"environment: {exc}"
     if isinstance(exc, FileNotFoundError | IsADirectoryError | NotADirectoryError | PermissionError):
         return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
     if isinstance(exc, OSError) and exc.filename:
