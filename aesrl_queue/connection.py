@@ -234,6 +234,11 @@ def ping(client: redis.Redis, url: str | None = None) -> None:
             f"cannot reach Redis at {where}: {exc} — is redis-server running? "
             f"pass --redis-url or set {ENV_URL}"
         ) from None
+    except redis.exceptions.InvalidResponse as exc:
+        raise RedisUnavailable(
+            f"{where} does not answer as Redis ({exc}): is that the Redis host and port? "
+            f"pass --redis-url or set {ENV_URL}"
+        ) from None
     except redis.ResponseError as exc:
         if "NOAUTH" in str(exc) or "AUTH" in str(exc):
             raise RedisUnavailable(

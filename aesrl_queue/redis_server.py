@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import redis
+
+from aesrl_queue import procs
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +99,9 @@ class RedisServer:
         return args + self.extra_args
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        self.proc = subprocess.Popen(
-            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-        )
+        # SIGTERM when this process dies, even by kill -9: Redis then writes its AOF and exits.
+        self.proc = procs.spawn(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                death_signal=signal.SIGTERM)
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=1.0)
         while True:

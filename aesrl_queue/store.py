@@ -200,6 +200,13 @@ class Store:
             self._config = cfg
         return bool(created)
 
+    def replace_config(self, cfg: RunConfig) -> None:
+        """Overwrite the stored config (a resume that changes the budget; the spec must not change)."""
+        if cfg.spec_hash != self.config().spec_hash:
+            raise ValueError(f"run {self.run_id}: a new config must keep the spec {self.config().spec_hash}")
+        self.r.set(self.key("config"), codec.pack(cfg.to_dict()))
+        self._config = cfg
+
     def exists(self) -> bool:
         return bool(self.r.exists(self.key("config")))
 

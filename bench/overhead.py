@@ -9,7 +9,6 @@ Usage: python bench/overhead.py [--quick] [--workers W] [--out PATH]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -41,6 +40,7 @@ from rq.utils import str_to_date  # noqa: E402
 
 from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
+from aesrl_queue.procs import ProcessGroup  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
 from aesrl_queue.store import live_workers  # noqa: E402
 
@@ -67,45 +67,14 @@ def child_env() -> dict[str, str]:
     return env
 
 
-class Children:
-    """Every subprocess this benchmark starts, each in its own session; kill_all() ends them all."""
+class Children(ProcessGroup):
+    """Every subprocess this benchmark starts (aesrl_queue.procs: own session, dies with the benchmark)."""
 
     def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[tuple[str, subprocess.Popen]] = []
+        super().__init__(log_dir, env=child_env(), cwd=ROOT)
 
-    def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
-                             start_new_session=True)
-        log.close()
-        self.procs.append((name, p))
-        return p
-
-    def log_tail(self, name: str, n: int = 1500) -> str:
-        try:
-            return (self.log_dir / f"{name}.log").read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def stop(self, procs: list[subprocess.Popen], grace: float = 2.0) -> None:
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(max(0.01, deadline - time.monotonic()))
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(5)
-
-    def kill_all(self) -> None:
-        self.stop([p for _, p in self.procs], grace=1.0)
+    def stop(self, procs: list[subprocess.Popen], grace: float = 2.0) -> list[str]:
+        return super().stop(grace=grace, only=procs)
 
 
 def proc_cpu_s(pid: int) -> float:

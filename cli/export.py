@@ -30,9 +30,16 @@ def _load_folder(src: Path, which: str) -> dict[str, Any]:
     npz_path = src / "policy.npz" if src.is_dir() else src
     if not npz_path.is_file():
         raise ExportError(f"{src}: no policy.npz (a run folder written by `aesrl-queue run` or `scheduler start --out`)")
-    with np.load(npz_path, allow_pickle=False) as npz:
-        data = {k: npz[k] for k in npz.files}
-    config = json.loads(str(data["config"]))
+    try:
+        with np.load(npz_path, allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+        config = json.loads(str(data["config"]))
+        if not isinstance(config, dict) or "mu" not in data:
+            raise ValueError("no config and mu")
+    except (ValueError, OSError, KeyError, EOFError) as exc:
+        raise ExportError(f"{npz_path}: not a policy.npz written by `aesrl-queue run` ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); pass a run folder, its "
+                          "policy.npz or a file from `aesrl-queue export`") from None
     if which == "best":
         if "best" not in data:
             raise ExportError(f"{src}: the run folder holds no best individual (older run?); export --which mu")
@@ -73,7 +80,6 @@ def export_policy(source: str, out: str | Path, which: str = "mu", client=None) 
     """Write `out` from a run folder (or its policy.npz) or, with a client, a run id on Redis."""
     import torch
 
-    from aesrl_queue.nets import NetSpec, set_flat
 
     src = Path(source)
     if src.exists():
@@ -82,6 +88,19 @@ def export_policy(source: str, out: str | Path, which: str = "mu", client=None) 
         got = _load_redis(client, source, which)
     else:
         raise ExportError(f"{source}: no such run folder (pass --redis-url to export a run from Redis)")
+    payload = policy_payload(got, source, which)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, out)
+    return payload
+
+
+def policy_payload(got: dict[str, Any], source: str | Path, which: str) -> dict[str, Any]:
+    """The policy file's content from what a run folder or Redis holds."""
+    import torch
+
+    from aesrl_queue.nets import NetSpec, set_flat
+
     cfg = got["config"]
     params = np.asarray(got["params"], dtype=np.float32).reshape(-1)
     if not np.isfinite(params).all():
@@ -101,21 +120,25 @@ def export_policy(source: str, out: str | Path, which: str = "mu", client=None) 
                                   for k, v in got["source"].items()},
         "exported_at": time.time(),
     }
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, out)
     return payload
 
 
 def load_policy(path: str | Path) -> dict[str, Any]:
+    """A policy file from `export`, or μ of a run folder or its policy.npz."""
     import torch
+
+    p = Path(path)
+    if p.is_dir() or p.suffix == ".npz":
+        return policy_payload(_load_folder(p, "mu"), p, "mu")
 
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ExportError(f"{path}: no such file") from None
-    except Exception as exc:
-        raise ExportError(f"{path}: not a policy file written by `aesrl-queue export` ({exc})") from None
+    except Exception as exc:  # torch's own text asks to file an issue: one line of ours instead
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"{path}: not a policy file written by `aesrl-queue export`, a run folder or a "
+                          f"policy.npz ({first[:120]})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ExportError(f"{path}: not a policy file written by `aesrl-queue export`")
     if payload.get("format_version", 0) > FORMAT_VERSION:

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import deque
@@ -25,6 +24,7 @@ from aesrl_queue import codec
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect, redact
+from aesrl_queue.procs import ProcessGroup
 from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import Store
 from cli.main import worker_command
@@ -54,33 +54,15 @@ def _json_safe(x):
     return str(x)
 
 
-class Children:
-    """The processes `run` started; stopped in reverse order (workers, critic, scheduler)."""
+class Children(ProcessGroup):
+    """The processes `run` started (aesrl_queue.procs: each in its own session, each dies with
+    the launcher, even on kill -9); stopped workers first, then critic and scheduler."""
 
     def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
-        self.log_dir = log_dir
-        self.env = env
-        self.procs: list[tuple[str, subprocess.Popen]] = []
+        super().__init__(log_dir, env=env)
 
-    def spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        self.procs.append((name, proc))
-        return proc
-
-    def stop(self, names_first: tuple[str, ...] = ("worker",), grace: float = 15.0) -> None:
-        order = sorted(self.procs, key=lambda np_: 0 if np_[0].startswith(names_first) else 1)
-        for _name, p in order:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for name, p in order:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) did not stop in %.0fs; killing it", name, p.pid, grace)
-                p.kill()
-                p.wait(5)
+    def stop(self, names_first: tuple[str, ...] = ("worker",), grace: float = 15.0, only=None) -> list[str]:
+        return super().stop(names_first=names_first, grace=grace, only=only)
 
 
 class Rate:
@@ -120,59 +102,159 @@ def progress_fields(st: dict[str, Any], cfg: RunConfig, rate: float) -> dict[str
     }
 
 
-def progress_line(st: dict[str, Any], cfg: RunConfig, rate: float, elapsed: float) -> str:
+def trains_critic(cfg: RunConfig) -> bool:
+    return cfg.algo not in ("es", "opo", "td3") and cfg.rl_ratio > 0
+
+
+class Phase:
+    """What the run is doing, in a few words for the progress line ("" when it is just working)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.critic_wait_since: float | None = None
+
+    def label(self, st: dict[str, Any], now: float | None = None) -> str:
+        cfg = self.cfg
+        now = time.monotonic() if now is None else now
+        problem = st.get("problem_hint") or ""
+        if problem:
+            return problem
+        status = st.get("status", "")
+        if status in ("draining", "finished", "stopped", "failed"):
+            return status
+        if not trains_critic(cfg) or st.get("critic_version", 0):
+            self.critic_wait_since = None
+            return ""
+        steps = st.get("steps", 0)
+        if steps < cfg.initial_steps:
+            return "random actions"
+        if steps >= max(cfg.initial_steps, cfg.batch_size):
+            if self.critic_wait_since is None:
+                self.critic_wait_since = now
+            return f"waiting for critic {now - self.critic_wait_since:.0f} s"
+        return "filling the replay"
+
+
+def fit_line(parts: list[tuple[int, str]], width: int) -> str:
+    """Join the parts (priority, text) with two spaces, dropping the least important first until the
+    line fits `width` columns; the most important part is cut with an ellipsis as a last resort."""
+    parts = [p for p in parts if p[1]]
+    while len(parts) > 1 and len("  ".join(t for _, t in parts)) > width:
+        drop = min(range(len(parts)), key=lambda i: (parts[i][0], -i))
+        parts.pop(drop)
+    line = "  ".join(t for _, t in parts)
+    return line if len(line) <= width else line[: max(0, width - 1)] + "…"
+
+
+def _bar(frac: float, width: int) -> str:
+    full = int(max(0.0, min(1.0, frac)) * width)
+    return "━" * full + "╌" * (width - full)
+
+
+def progress_line(st: dict[str, Any], cfg: RunConfig, rate: float, elapsed: float, phase: str = "",
+                  width: int = 80) -> str:
+    """One line of at most `width` columns, f(μ) first; what does not fit is left out (bar, counts,
+    elapsed, rate, ETA, in that order)."""
     f = progress_fields(st, cfg, rate)
-    pct = 100.0 * st["steps"] / cfg.total_steps if cfg.total_steps else 0.0
-    return (f"{st['steps']:,}/{cfg.total_steps:,} steps ({pct:4.1f}%)  f(μ) {f['f_mu']}  {f['rate']} steps/s  "
-            f"ETA {f['eta']}  elapsed {_eta(elapsed)}  {f['counts']}")
+    total = cfg.total_steps or 1
+    pct = 100.0 * st["steps"] / total
+    stopped = st.get("status") in ("finished", "stopped", "failed")
+    parts = [
+        (9, f"f(μ) {f['f_mu']}"),
+        (8, f"{st['steps']:,}/{cfg.total_steps:,} ({pct:.0f}%)"),
+        (0, ""),  # the bar, if there is room left
+        (3, "" if stopped else f"{f['rate']} steps/s"),
+        (4, "" if stopped else f"ETA {f['eta']}"),
+        (2, f"elapsed {_eta(elapsed)}"),
+        (7, phase),
+        (1, f["counts"]),
+    ]
+    line = fit_line(parts, width)
+    room = width - len(line) - 2
+    if room >= 12:
+        parts[2] = (0, _bar(pct / 100.0, min(30, room)))
+        line = fit_line(parts, width)
+    return line
 
 
 class ProgressView:
-    """A rich progress bar on a terminal; a plain line every PLAIN_EVERY seconds otherwise."""
+    """One progress line on a terminal (redrawn in place, fitted to its width); a plain line every
+    PLAIN_EVERY seconds otherwise. Output that cannot be written (a closed pipe) is dropped."""
 
     def __init__(self, cfg: RunConfig, steps0: int, tty: bool | None = None) -> None:
         self.cfg = cfg
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.rate = Rate()
+        self.phase = Phase(cfg)
         self.t0 = time.monotonic()
         self.last_plain = -math.inf
-        self.progress = None
+        self.live = None
         if self.tty:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.live import Live
+            from rich.text import Text
 
-            self.progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(bar_width=30),
-                TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps"),
-                TextColumn("f(μ) [bold cyan]{task.fields[f_mu]:>8}"),
-                TextColumn("{task.fields[rate]:>6} steps/s"), TextColumn("ETA {task.fields[eta]:>6}"),
-                TimeElapsedColumn(), TextColumn("[dim]{task.fields[counts]}"),
-                console=Console(stderr=True), refresh_per_second=2, redirect_stdout=False, redirect_stderr=False,
-            )
-            self.task = self.progress.add_task(cfg.algo, total=cfg.total_steps, completed=steps0,
-                                               f_mu="-", rate="0", eta="?", counts="")
-            self.progress.start()
+            self.console = Console(stderr=True)
+            self.live = Live(Text(""), console=self.console, refresh_per_second=2, transient=False,
+                             redirect_stdout=False, redirect_stderr=False)
+            self.live.start()
 
     def say(self, message: str) -> None:
-        if self.progress is not None:
-            self.progress.console.print(message, markup=False, highlight=False)
+        if self.live is not None:
+            try:
+                self.live.console.print(message, markup=False, highlight=False)
+            except OSError:
+                self.close()
         else:
-            click.echo(message, err=True)
+            echo(message, err=True)
+
+    def line(self, st: dict[str, Any], rate: float, width: int) -> str:
+        return progress_line(st, self.cfg, rate, time.monotonic() - self.t0, self.phase.label(st), width)
 
     def update(self, st: dict[str, Any], force: bool = False) -> None:
         now = time.monotonic()
-        rate = self.rate.add(now, st["steps"])
-        if self.progress is not None:
-            self.progress.update(self.task, completed=min(st["steps"], self.cfg.total_steps),
-                                 **progress_fields(st, self.cfg, rate))
+        status = st.get("status")
+        rate = self.rate.add(now, st["steps"]) if status not in ("finished", "stopped", "failed") else 0.0
+        if self.live is not None:
+            from rich.text import Text
+
+            try:
+                width = max(20, self.console.width - 1)
+                self.live.update(Text(self.line(st, rate, width), no_wrap=True, overflow="ellipsis"))
+            except OSError:
+                self.close()
         elif force or now - self.last_plain >= PLAIN_EVERY:
             self.last_plain = now
-            click.echo(progress_line(st, self.cfg, rate, now - self.t0), err=True)
+            echo(self.line(st, rate, 80), err=True)
 
     def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+        if self.live is not None:
+            live, self.live = self.live, None
+            try:
+                live.stop()
+            except OSError:
+                _silence(sys.stderr)
+
+
+def _silence(stream) -> None:
+    """Point a stream whose reader went away (a closed pipe) at /dev/null: later writes, and the
+    interpreter's flush at exit, then succeed without a word."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def echo(message: str = "", err: bool = False) -> bool:
+    """click.echo that survives a closed pipe (`aesrl-queue run | head -2`): False if not written."""
+    try:
+        click.echo(message, err=err)
+        return True
+    except OSError:  # EPIPE (BrokenPipeError), EIO of a closed terminal
+        _silence(sys.stderr if err else sys.stdout)
+        return False
 
 
 def read_best(store: Store) -> dict[str, Any] | None:
@@ -195,6 +277,30 @@ def read_best(store: Store) -> dict[str, Any] | None:
     return out
 
 
+def write_policy(run_dir: Path, store: Store) -> Path:
+    """policy.npz: the current μ and var (and the best individual when kept), replaced atomically,
+    so that a crash while writing a snapshot leaves the previous one intact."""
+    cfg = store.config()
+    version = store.current_version()
+    mu, var = store.read_dist(version)
+    st = store.state()
+    arrays: dict[str, Any] = {"mu": mu, "var": var, "version": version, "f_mu": st.get("f_mu", math.nan),
+                              "f_mu_version": st.get("f_mu_version", -1), "steps": st.get("steps", 0)}
+    best = read_best(store)
+    if best is not None:
+        arrays.update(best=best["params"], best_fitness=best.get("fitness", math.nan),
+                      best_kind=str(best.get("kind", "")), best_job=str(best.get("job", "")))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "policy.npz"
+    tmp = run_dir / ".policy.npz.tmp"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, config=json.dumps(cfg.to_dict(), default=_json_safe), **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
 def write_run_folder(run_dir: Path, store: Store) -> dict:
     """config.json, policy.npz (final μ, var; best individual when kept) and summary.json.
 
@@ -203,16 +309,7 @@ def write_run_folder(run_dir: Path, store: Store) -> dict:
     cfg = store.config()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=_json_safe))
-    version = store.current_version()
-    mu, var = store.read_dist(version)
-    st = store.state()
-    arrays: dict[str, Any] = {"mu": mu, "var": var, "version": version, "f_mu": st.get("f_mu", math.nan),
-                              "f_mu_version": st.get("f_mu_version", -1)}
-    best = read_best(store)
-    if best is not None:
-        arrays.update(best=best["params"], best_fitness=best.get("fitness", math.nan),
-                      best_kind=str(best.get("kind", "")), best_job=str(best.get("job", "")))
-    np.savez(run_dir / "policy.npz", config=json.dumps(cfg.to_dict(), default=_json_safe), **arrays)
+    write_policy(run_dir, store)
     summary = summary_numbers(store.r, cfg.run_id)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_safe))
     return summary
@@ -239,12 +336,42 @@ def poll_metrics(metrics: MetricsWriter) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
 
 
-def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, start_critic: bool = True,
-           tensorboard_dir: str | None = None) -> int:
+def _step(what: str, fn, *args, **kwargs):
+    """One clean-up step: a failure is reported and the next step still runs."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - every step must run
+        echo(f"clean-up: {what} failed: {type(exc).__name__}: {exc}", err=True)
+        return None
+
+
+def folder_run_id(run_dir: Path, client) -> str:
+    """The run id of a run folder: its config.json, else the one run its Redis holds, else its name."""
+    from aesrl_queue.store import list_runs
+
+    try:
+        return str(json.loads((run_dir / "config.json").read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    runs = list_runs(client)
+    return runs[0][0] if len(runs) == 1 else run_dir.name
+
+
+class Refused(Exception):
+    """The launch stopped before touching the run (exit 2 with this message)."""
+
+
+def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir: str, start_critic: bool = True,
+           tensorboard_dir: str | None = None, resume=None, snapshot_every: float = 600.0,
+           run_dir: Path | None = None, wandb_project: str | None = None) -> int:
+    """Start everything, show progress, stop everything, write the run folder; the exit code.
+
+    `resume(store) -> (cfg, notes)` resumes the run in `run_dir` (cfg None): its embedded Redis
+    loads the AOF there, or `redis_url` holds the run. It raises Refused to stop without a trace.
+    """
     from scheduler.sync import needs_critic_daemon, needs_workers
 
-    run_dir = Path(out_dir) / cfg.run_id
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir = Path(run_dir) if run_dir is not None else Path(out_dir) / cfg.run_id
     _received.clear()
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     server = None
@@ -252,20 +379,40 @@ def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, 
     metrics = None
     view = None
     store = None
+    started = False  # past the checks: the run folder is ours to write
     code = 0
     outcome = ""
     try:
         if redis_url is None:
-            server = RedisServer(directory=run_dir / "redis", appendonly=False).start()
+            # AOF in the run folder (fsync every second): `run --resume RUN_FOLDER` continues from it
+            # after Ctrl-C, kill -9 or a reboot.
+            server = RedisServer(directory=run_dir / "redis", appendonly=True).start()
             redis_url = server.url
-            click.echo(f"embedded Redis on {redis_url} (files in {run_dir / 'redis'})", err=True)
+            echo(f"embedded Redis on {redis_url} (AOF in {run_dir / 'redis'})", err=True)
         client = connect(redis_url)
-        store = Store(client, cfg.run_id)
-        if not store.write_config(cfg):
-            click.echo(f"run {cfg.run_id} exists on {redact(redis_url)}: resuming it", err=True)
+        if resume is not None:
+            store = Store(client, cfg.run_id if cfg is not None else folder_run_id(run_dir, client))
+            cfg, notes = resume(store)
+            for note in notes:
+                echo(f"resume: {note}", err=True)
+            if cfg.total_steps != store.config().total_steps:
+                store.replace_config(cfg)
+            client.hdel(store.key("state"), "finished_at")
+            if store.status() in ("finished", "stopped", "failed"):
+                store.set_status("created")  # until its scheduler runs again
+            echo(f"resuming run {cfg.run_id} at {store.state()['steps']:,} of {cfg.total_steps:,} steps", err=True)
+        else:
+            store = Store(client, cfg.run_id)
+            if not store.write_config(cfg):
+                raise Refused(f"run_id: run {cfg.run_id} already exists on {redact(redis_url)}: "
+                              "--resume it or --force a new start")
+        started = True
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=_json_safe))
         tb_dir = Path(tensorboard_dir) / cfg.run_id if tensorboard_dir else None
-        metrics = MetricsWriter(client, cfg.run_id, run_dir / "metrics.jsonl", tensorboard_dir=tb_dir)
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        metrics = MetricsWriter(client, cfg.run_id, run_dir / "metrics.jsonl", tensorboard_dir=tb_dir,
+                                wandb_project=wandb_project)
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", AESRL_TRACEBACK="1")
         env.pop("AESRL_REDIS_URL", None)
         py = [sys.executable, "-m", "cli.main"]
         kids = Children(run_dir / "logs", env)
@@ -276,9 +423,10 @@ def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, 
         if needs_critic_daemon(cfg) and start_critic:
             kids.spawn("critic", py + ["critic", "start", "--redis-url", redis_url, "--run", cfg.run_id])
         sched = kids.spawn("scheduler", py + ["scheduler", "start", "--redis-url", redis_url, "--run", cfg.run_id])
-        click.echo(f"run {cfg.run_id}: {cfg.algo} on {cfg.env_id}, {n_workers} workers, budget {cfg.total_steps:,} "
-                   f"steps; logs in {run_dir / 'logs'}" + (f"; TensorBoard in {tb_dir}" if tb_dir else ""), err=True)
+        echo(f"run {cfg.run_id}: {cfg.algo} on {cfg.env_id}, {n_workers} workers, budget {cfg.total_steps:,} "
+             f"steps; logs in {run_dir / 'logs'}" + (f"; TensorBoard in {tb_dir}" if tb_dir else ""), err=True)
         view = ProgressView(cfg, store.state()["steps"])
+        last_snapshot = time.monotonic()
         while sched.poll() is None:
             time.sleep(1.0)
             if _received:
@@ -289,6 +437,12 @@ def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, 
                     kids.procs.remove((name, p))
             poll_metrics(metrics)
             view.update(store.state())
+            if snapshot_every > 0 and time.monotonic() - last_snapshot >= snapshot_every:
+                last_snapshot = time.monotonic()
+                try:
+                    write_policy(run_dir, store)
+                except Exception as exc:  # noqa: BLE001 - a failed snapshot must not end the run
+                    view.say(f"warning: policy snapshot failed: {exc}")
         view.update(store.state(), force=True)
         code = 0 if sched.returncode == 0 else 1
         if code:
@@ -297,40 +451,46 @@ def launch(cfg: RunConfig, n_workers: int, redis_url: str | None, out_dir: str, 
         code, outcome = 130, "interrupted"
     except Terminated as exc:
         code, outcome = 143, f"terminated ({exc})"
+    except Refused as exc:
+        echo(f"error: {exc}", err=True)
+        code = 2
     finally:
-        # A second SIGTERM must not cut the clean-up short (a second Ctrl-C still can).
+        # A second SIGTERM must not cut the clean-up short (a second Ctrl-C still can). Each step
+        # runs even when an earlier one failed.
         for s in previous:
             signal.signal(s, signal.SIG_IGN)
         if view is not None:
-            view.close()
+            _step("closing the progress line", view.close)
         if outcome:
-            click.echo(f"{outcome}: stopping the children...", err=True)
+            echo(f"{outcome}: stopping the children...", err=True)
         if kids is not None:
-            kids.stop()
+            _step("stopping the children", kids.stop)
         if metrics is not None:
-            metrics.close()
-        if store is not None:
-            try:
-                summary = write_run_folder(run_dir, store)
-                _print_summary(cfg, summary, run_dir, metrics, outcome)
-            except Exception as exc:  # the summary must not hide the real outcome
-                click.echo(f"could not write the run folder: {exc}", err=True)
+            _step("closing metrics", metrics.close)
+        if store is not None and started:
+            summary = _step("writing the run folder", write_run_folder, run_dir, store)
+            if summary is not None:
+                _step("printing the summary", _print_summary, cfg, summary, run_dir, metrics, outcome)
         if server is not None:
-            server.stop()
+            _step("stopping the embedded Redis", server.stop)
         for s, h in previous.items():
             signal.signal(s, h)
     return code
 
 
 def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: MetricsWriter | None, outcome: str) -> None:
-    click.echo(f"\nrun {cfg.run_id}{f' ({outcome})' if outcome else ''}")
+    lines = [f"\nrun {cfg.run_id}{f' ({outcome})' if outcome else ''}"]
     for k in ("status", "steps", "interactions", "results_applied", "es_applied", "rl_applied",
               "failed", "rejected", "replaced", "critic_version", "elapsed_s", "f_mu_first", "f_mu_last",
               "best_fitness"):
         v = summary.get(k)
-        click.echo(f"  {k:16} {format(v, ',.1f') if isinstance(v, float) else v}")
+        lines.append(f"  {k:16} {format(v, ',.1f') if isinstance(v, float) else v}")
     if metrics is not None:
-        click.echo(f"  metrics          {metrics.records:,} records in {metrics.path}")
-    click.echo(f"  run folder       {run_dir}")
-    click.echo(f"  next             aesrl-queue plot {run_dir} -o curves.png   |   "
-               f"aesrl-queue export {run_dir} -o policy.pt")
+        lines.append(f"  metrics          {metrics.records:,} records in {metrics.path}")
+    lines.append(f"  run folder       {run_dir}")
+    lines.append(f"  next             aesrl-queue plot {run_dir} -o curves.png   |   "
+                 f"aesrl-queue export {run_dir} -o policy.pt")
+    for line in lines:
+        if not echo(line):  # stdout closed (`| head -2`): say once, on stderr, where the results are
+            echo(f"stdout closed; the run folder is {run_dir}", err=True)
+            return

@@ -14,12 +14,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import click
 
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import ALGOS, MEAN_RULES, R_MODES, VAR_RULES, ConfigError, RunConfig
 from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact
+from cli.resume import ResumeError, check_resume, given_options
 
 log = logging.getLogger("aesrl_queue.cli")
 
@@ -37,10 +39,16 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def _connect(url: str | None, blocking: bool = False):
+    """A client for the command; a missing, wrong or refusing Redis ends the command (exit 2).
+
+    A first PING with a single retry answers in about a second when nothing listens; the client
+    returned then retries with backoff like every other one.
+    """
     try:
-        return connect(url, blocking=blocking)
+        connect(url, retries=1).close()
+        return connect(url, blocking=blocking, check=False)
     except RedisUnavailable as exc:
-        fail(str(exc), code=1)
+        fail(str(exc))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -77,6 +85,8 @@ def config_options(f):
         click.option("--parallel-critic/--serial-critic", "parallel_critic", default=None,
                      help="pcemrl: train the critic in the critic daemon while jobs run (default: serial, "
                           "between generations)."),
+        click.option("--env-kwargs", "env_kwargs", default=None,
+                     help='Keyword arguments of gymnasium.make as JSON, e.g. \'{"episode_len": 50}\'.'),
         click.option("--run-id", default=None, help="Name of the run in Redis (default: generated)."),
     ]
     for opt in reversed(opts):
@@ -98,6 +108,13 @@ def build_config(env_id, config_file, **kw) -> RunConfig:
                 kw[name] = tuple(int(x) for x in kw[name].replace("x", ",").split(",") if x.strip())
             except ValueError:
                 fail(f"{name}: expected comma-separated layer sizes such as 400,300, got {kw[name]!r}")
+    if kw.get("env_kwargs") is not None:
+        try:
+            kw["env_kwargs"] = json.loads(kw["env_kwargs"])
+        except ValueError as exc:
+            fail(f"env_kwargs: expected a JSON object such as '{{\"episode_len\": 50}}' ({exc})")
+        if not isinstance(kw["env_kwargs"], dict):
+            fail("env_kwargs: expected a JSON object such as '{\"episode_len\": 50}'")
     if kw.get("run_id") is None:
         kw.pop("run_id", None)
     try:
@@ -123,26 +140,55 @@ def scheduler() -> None:
 @scheduler.command("start")
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
 @config_options
-@click.option("--run", "run", default=None, help="Resume this existing run instead of creating one.")
+@click.option("--run", "run", default=None,
+              help="Resume this existing run. Options that restate its config are ignored (and named), options "
+                   "that contradict it are refused; --steps sets a new, larger budget.")
+@click.option("--resume", is_flag=True, help="If --run-id names an existing run, resume it (as --run does).")
+@click.option("--force", is_flag=True,
+              help="If --run-id names an existing run, delete it from Redis (and OUT/<run-id> with --out) first.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the run folder OUT/<run-id> (metrics.jsonl as it goes; policy, summary at the end).")
 @click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
               help="Write TensorBoard scalars to DIR/<run-id> (needs the tensorboard extra).")
-def scheduler_start(redis_url, run, env_id, config_file, out_dir=None, tensorboard_dir=None, **kw) -> None:
-    """Run the scheduler loop of a new run (or resume --run RUN) until its step budget is spent."""
+@click.option("--wandb-project", default=None,
+              help="Also log the metrics to this Weights & Biases project (needs the wandb extra; "
+                   "WANDB_MODE=offline works without a network).")
+def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=False, out_dir=None,
+                    tensorboard_dir=None, wandb_project=None, **kw) -> None:
+    """Run the scheduler loop of a new run (or resume --run RUN) until its step budget is spent.
+
+    An existing run id is never started over silently: --run/--resume continue it, --force deletes it.
+    """
     from aesrl_queue.store import Store
     from scheduler.loop import ASYNC_ALGOS, AsyncScheduler, install_signal_handlers
 
+    if run and force:
+        fail("force: --run resumes a run, --force deletes one; pass one of them")
     client = _connect(redis_url)
+    if not run and kw.get("run_id") and Store(client, kw["run_id"]).exists():
+        existing = Store(client, kw["run_id"])
+        if resume:
+            run = kw["run_id"]
+        elif force:
+            n = existing.delete()
+            click.echo(f"--force: deleted run {kw['run_id']} from Redis ({n} keys: config, state, μ/var, "
+                       "history, results, replay, critic)", err=True)
+            if out_dir:
+                _force_delete_folder(Path(out_dir) / kw["run_id"])
+        else:
+            fail(f"run_id: run {kw['run_id']!r} already exists ({_describe(existing)}): resume it with "
+                 f"--run {kw['run_id']} (or --resume), or start it over with --force (deletes it)")
     if run:
         store = Store(client, run)
         if not store.exists():
             fail(f"run: no run {run!r} on {redact(redis_url or os.environ.get(ENV_URL, 'the default Redis'))}; "
                  "`aesrl-queue runs` lists them")
         try:
-            cfg = store.config()
+            stored = store.config()
         except CodecError as exc:  # malformed, truncated or planted (a pickle): refuse, never guess
             fail(f"run: the stored config of {run!r} is unusable: {exc}")
+        given = given_options(env_id, config_file, {k: v for k, v in kw.items() if k != "run_id" or v != run})
+        cfg = _check_resume(store, stored, given)
         click.echo(f"resuming run {run} ({cfg.algo} on {cfg.env_id})", err=True)
     else:
         cfg = build_config(env_id, config_file, **kw)
@@ -158,7 +204,7 @@ def scheduler_start(redis_url, run, env_id, config_file, out_dir=None, tensorboa
             fail(f"algo: {cfg.algo!r} is not available in this version; use one of {', '.join(ASYNC_ALGOS)}")
         sched = make_sync_scheduler(client, blocking, cfg, stop_event=stop)
     click.echo(f"run {cfg.run_id}: scheduler started ({cfg.algo}, {cfg.env_id}, {cfg.actor_dim} parameters)", err=True)
-    metrics = _start_metrics(redis_url, cfg, out_dir, tensorboard_dir)
+    metrics = _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project)
     try:
         status = sched.run()
     finally:
@@ -167,9 +213,40 @@ def scheduler_start(redis_url, run, env_id, config_file, out_dir=None, tensorboa
     click.echo(f"run {cfg.run_id}: {status}", err=True)
 
 
-def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir):
+def _describe(store) -> str:
+    try:
+        cfg, st = store.config(), store.state()
+        return (f"{cfg.algo} on {cfg.env_id}, {st['steps']:,}/{cfg.total_steps:,} steps, "
+                f"{st.get('status', '?')}")
+    except Exception:  # noqa: BLE001 - a description only
+        return "unreadable config"
+
+
+def _check_resume(store, stored, given):
+    """The config to resume with (new budget applied in Redis); exit 2 when options contradict it."""
+    try:
+        cfg, notes = check_resume(stored, given, store.state()["steps"])
+    except ResumeError as exc:
+        fail(f"resume: {exc}")
+    for note in notes:
+        click.echo(f"resume: {note}", err=True)
+    if cfg.total_steps != stored.total_steps:
+        store.replace_config(cfg)
+    return cfg
+
+
+def _force_delete_folder(run_dir) -> None:
+    import shutil
+
+    if run_dir.exists():
+        names = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir())
+        shutil.rmtree(run_dir)
+        click.echo(f"--force: deleted {run_dir} ({', '.join(names) or 'empty'})", err=True)
+
+
+def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project=None):
     """A MetricsWriter thread for `scheduler start --out/--tensorboard` (None when neither is given)."""
-    if not out_dir and not tensorboard_dir:
+    if not out_dir and not tensorboard_dir and not wandb_project:
         return None
     from pathlib import Path
 
@@ -178,9 +255,10 @@ def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir):
     run_dir = Path(out_dir or "runs") / cfg.run_id
     try:
         writer = MetricsWriter(_connect(redis_url), cfg.run_id, run_dir / "metrics.jsonl",
-                               tensorboard_dir=Path(tensorboard_dir) / cfg.run_id if tensorboard_dir else None)
+                               tensorboard_dir=Path(tensorboard_dir) / cfg.run_id if tensorboard_dir else None,
+                               wandb_project=wandb_project)
     except ImportError as exc:
-        fail(f"tensorboard: {exc}")
+        fail(f"{'wandb' if 'wandb' in str(exc) else 'tensorboard'}: {exc}")
     click.echo(f"run {cfg.run_id}: metrics in {run_dir / 'metrics.jsonl'}"
                + (f", TensorBoard in {Path(tensorboard_dir) / cfg.run_id}" if tensorboard_dir else ""), err=True)
     return writer.start()
@@ -298,9 +376,12 @@ def worker(redis_url, processes, burst, read_url) -> None:
 @cli.command()
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
 @click.option("--run", "run", default=None, help="Run to show (default: the newest).")
-@click.option("--watch", is_flag=True, help="Refresh about once a second until Ctrl-C.")
+@click.option("--watch", is_flag=True,
+              help="Refresh about once a second until Ctrl-C (a plain line a second when stdout is not a terminal).")
+@click.option("--until-done", is_flag=True, help="With --watch: exit when the run is finished, stopped or failed.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, help="Seconds between --watch refreshes.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def status(redis_url, run, watch, as_json) -> None:
+def status(redis_url, run, watch, until_done, interval, as_json) -> None:
     """Live population statistics of a run: f(μ), σ, steps, RL share, jobs, critic, workers."""
     from aesrl_queue.store import list_runs
     from cli.report import render, safe_gather
@@ -311,14 +392,14 @@ def status(redis_url, run, watch, as_json) -> None:
         if not runs:
             fail("run: no runs on this Redis yet", code=1)
         run = runs[-1][0]
-    if watch:
+    if watch or until_done:
         from cli.watch import watch_status
 
-        watch_status(client, run)
+        watch_status(client, run, interval=interval, until_done=until_done)
         return
     s = safe_gather(client, run)
     if isinstance(s, str):
-        fail(f"run: {s}", code=1)
+        fail(f"run: {s}")
     click.echo(json.dumps(s, default=_json_default) if as_json else render(s))
 
 
@@ -350,35 +431,101 @@ def runs(redis_url) -> None:
 
 # -- run: everything on one machine -------------------------------------------------------------------
 @cli.command("run")
-@click.option("--redis-url", default=None, help="Use this Redis instead of starting an embedded one. " + URL_HELP)
+@click.option("--redis-url", default=None,
+              help="Use this Redis instead of starting an embedded one (redis://[:PASSWORD@]HOST:PORT/DB or "
+                   f"rediss://). ${ENV_URL} is not read here: a local run never lands on a shared Redis by accident.")
 @config_options
 @click.option("--workers", "n_workers", type=int, default=None, help="Local worker processes (default: cores).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs", help="Folder for run folders.")
+@click.option("--resume", "resume", default=None, metavar="RUN",
+              help="Continue RUN (a run folder, or a run id under --out) after Ctrl-C, kill -9 or a reboot.")
+@click.option("--force", is_flag=True, help="Delete an existing run of the same --run-id (folder and Redis) first.")
+@click.option("--snapshot-every", type=float, default=10.0,
+              help="Minutes between policy.npz snapshots of the current μ (0: only at the end).")
 @click.option("--no-critic", is_flag=True, help="Do not start a local critic daemon (one runs elsewhere).")
 @click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
               help="Write TensorBoard scalars to DIR/<run-id> (needs the tensorboard extra).")
-def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, no_critic, tensorboard_dir=None, **kw) -> None:
+@click.option("--wandb-project", default=None,
+              help="Also log the metrics to this Weights & Biases project (needs the wandb extra; "
+                   "WANDB_MODE=offline works without a network).")
+def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, snapshot_every, no_critic,
+            tensorboard_dir=None, wandb_project=None, **kw) -> None:
     """Everything on one machine: embedded Redis, scheduler, critic daemon and N workers.
 
     Shows progress, and at the end (or on Ctrl-C) stops every child and writes a run folder with
-    config.json, metrics.jsonl, policy.npz (final μ) and summary.json.
+    config.json, metrics.jsonl, policy.npz (μ; also every --snapshot-every minutes) and summary.json.
+    The embedded Redis keeps an AOF in the run folder: `run --resume RUN_FOLDER` continues the run.
+    An existing run id is refused unless --resume or --force is given.
     """
+    from aesrl_queue.store import Store
     from cli.launch import launch
 
-    cfg = build_config(env_id, config_file, **kw)
     n = n_workers if n_workers is not None else max(1, (os.cpu_count() or 2))
     if n < 1:
         fail("workers: must be at least 1")
+    if snapshot_every < 0:
+        fail("snapshot_every: must be 0 (off) or a number of minutes")
+    if resume and force:
+        fail("force: --resume continues a run, --force deletes one; pass one of them")
+    client = _connect(redis_url) if redis_url else None  # before any folder is made
+    _check_extras(tensorboard_dir, wandb_project)
+    if resume:
+        run_dir = Path(resume) if Path(resume).is_dir() else Path(out_dir) / resume
+        if redis_url is None and not (run_dir / "redis").is_dir():
+            fail(f"resume: {run_dir} is not a run folder with its Redis data (redis/); "
+                 "`aesrl-queue run` writes one, `run --redis-url` keeps the run in that Redis instead")
+        if redis_url is not None and not Store(client, run_dir.name).exists():
+            fail(f"resume: no run {run_dir.name!r} on {redact(redis_url)}; `aesrl-queue runs` lists them")
+        given = given_options(env_id, config_file, kw)
+
+        def check(store):
+            from cli.launch import Refused
+
+            if not store.exists():
+                raise Refused(f"resume: the Redis data in {run_dir / 'redis'} holds no run {store.run_id!r}")
+            try:
+                return check_resume(store.config(), given, store.state()["steps"])
+            except ResumeError as exc:
+                raise Refused(f"resume: {exc}") from None
+
+        code = launch(None, n_workers=n, redis_url=redis_url, out_dir=str(run_dir.parent),
+                      start_critic=not no_critic, tensorboard_dir=tensorboard_dir, resume=check,
+                      snapshot_every=snapshot_every * 60.0, run_dir=run_dir, wandb_project=wandb_project)
+        sys.exit(code)
+    cfg = build_config(env_id, config_file, **kw)
+    run_dir = Path(out_dir) / cfg.run_id
+    in_redis = client is not None and Store(client, cfg.run_id).exists()
+    if run_dir.exists() and any(run_dir.iterdir()) or in_redis:
+        if not force:
+            where = " and ".join(w for w, there in ((str(run_dir), run_dir.exists()),
+                                                   (redact(redis_url or ""), in_redis)) if there)
+            fail(f"run_id: run {cfg.run_id!r} already exists ({where}): continue it with --resume {run_dir}, "
+                 "start it over with --force (deletes it), or pick another --run-id")
+        _force_delete_folder(run_dir)
+        if in_redis:
+            keys = Store(client, cfg.run_id).delete()
+            click.echo(f"--force: deleted run {cfg.run_id} from {redact(redis_url)} ({keys} keys)", err=True)
+    code = launch(cfg, n_workers=n, redis_url=redis_url, out_dir=out_dir, start_critic=not no_critic,
+                  tensorboard_dir=tensorboard_dir, snapshot_every=snapshot_every * 60.0, wandb_project=wandb_project)
+    sys.exit(code)
+
+
+def _check_extras(tensorboard_dir, wandb_project) -> None:
+    """Refuse a missing optional package before anything starts."""
     if tensorboard_dir:
-        from cli.metrics import open_tensorboard
+        from cli.metrics import TENSORBOARD_MISSING
 
         try:
-            open_tensorboard(tensorboard_dir).close()
-        except ImportError as exc:
-            fail(f"tensorboard: {exc}")
-    code = launch(cfg, n_workers=n, redis_url=redis_url, out_dir=out_dir, start_critic=not no_critic,
-                  tensorboard_dir=tensorboard_dir)
-    sys.exit(code)
+            import tensorboard  # noqa: F401
+        except ImportError:
+            fail(f"tensorboard: {TENSORBOARD_MISSING}")
+    if wandb_project:
+        from cli.metrics import WANDB_MISSING
+
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            fail(f"wandb: {WANDB_MISSING}")
 
 
 # -- results: plot, export, evaluate -------------------------------------------------------------------
@@ -386,7 +533,10 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, no_critic, tenso
 @click.argument("run_folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--out", "out", default="curves.png", type=click.Path(dir_okay=False), help="PNG to write.")
 @click.option("--title", default=None, help="Figure title (default: the environments and run counts).")
-def plot(run_folders, out, title) -> None:
+@click.option("--x", "x_axis", type=click.Choice(["steps", "interactions"]), default="steps",
+              help="x-axis of the f(μ) curve: stored steps (the paper's), or every environment interaction "
+                   "(μ evaluations included).")
+def plot(run_folders, out, title, x_axis) -> None:
     """Learning curves (f(μ) vs stored steps and vs wall clock) and the ES/RL interaction chart of run folders.
 
     Runs whose configs differ only by seed are drawn as one curve: the mean with a ±1 std band.
@@ -394,7 +544,7 @@ def plot(run_folders, out, title) -> None:
     from cli.plot import PlotError, plot_runs
 
     try:
-        drawn = plot_runs(list(run_folders), out, title=title)
+        drawn = plot_runs(list(run_folders), out, title=title, x_axis=x_axis)
     except PlotError as exc:
         fail(str(exc), code=1)
     for why in drawn["skipped"]:
@@ -420,7 +570,7 @@ def export(run, out, which, redis_url) -> None:
     try:
         payload = export_policy(run, out, which=which, client=client)
     except ExportError as exc:
-        fail(str(exc), code=1)
+        fail(str(exc))
     src = payload["source"]
     def num(x):
         return format(x, ".1f") if isinstance(x, float) and math.isfinite(x) else "-"
@@ -431,14 +581,16 @@ def export(run, out, which, redis_url) -> None:
 
 
 @cli.command()
-@click.argument("policy", type=click.Path(exists=True, dir_okay=False))
+@click.argument("policy", type=click.Path(exists=True))
 @click.option("--episodes", "-n", type=click.IntRange(min=1), default=10, help="Episodes to run.")
 @click.option("--seed", type=int, default=0, help="Episode i resets the environment with seed + i.")
 @click.option("--video", "video_dir", type=click.Path(file_okay=False), default=None,
               help="Film the first episode into this folder (needs the video extra).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def evaluate(policy, episodes, seed, video_dir, as_json) -> None:
-    """Run an exported policy deterministically and print its mean ± std return."""
+    """Run a policy deterministically and print its mean ± std return.
+
+    POLICY: a file from `export`, a run folder, or its policy.npz (the run's μ)."""
     import torch
 
     from cli.export import ExportError, evaluate_policy
@@ -447,7 +599,7 @@ def evaluate(policy, episodes, seed, video_dir, as_json) -> None:
     try:
         res = evaluate_policy(policy, episodes=episodes, seed=seed, video_dir=video_dir)
     except ExportError as exc:
-        fail(str(exc), code=1)
+        fail(str(exc))
     if as_json:
         click.echo(json.dumps(res, default=_json_default))
         sys.exit(1 if "video_error" in res else 0)
@@ -459,8 +611,76 @@ def evaluate(policy, episodes, seed, video_dir, as_json) -> None:
         fail(f"video: {res['video_error']}", code=1)
 
 
+def one_line_error(exc: BaseException) -> str | None:
+    """What to tell the user about an exception that reached the top of a command, in one line;
+    None for one that is a bug (it gets a one-line message too, and its traceback in a file)."""
+    import redis
+
+    from cli.export import ExportError
+
+    if isinstance(exc, RedisUnavailable | ExportError | ConfigError):
+        return str(exc)
+    if isinstance(exc, redis.AuthenticationError) or "NOAUTH" in str(exc):
+        return (f"Redis refused the credentials ({exc}): put the password in the URL "
+                "(redis://:PASSWORD@host:6379/0)")
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        return (f"the server does not answer as Redis ({exc}): check the host and port of --redis-url "
+                f"(or ${ENV_URL})")
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return f"lost Redis ({exc}): is redis-server running? check --redis-url (or ${ENV_URL})"
+    if isinstance(exc, CodecError):
+        return f"unusable data: {exc}"
+    if isinstance(exc, ModuleNotFoundError):  # a custom env's module (--env mypkg.envs:MyEnv-v0)
+        return f"{str(exc).splitlines()[0]} — put its package on PYTHONPATH (on every machine that runs workers)"
+    gym = sys.modules.get("gymnasium")
+    if gym is not None and isinstance(exc, gym.error.Error):
+        return f"environment: {exc}"
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | NotADirectoryError | PermissionError):
+        return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return None
+
+
 def main() -> None:
-    cli(prog_name="aesrl-queue")
+    """The command line. An error that reaches this point is printed as one line (exit 2); an
+    unexpected one also gets its traceback written to a file, named in that line (exit 1), or
+    printed where AESRL_TRACEBACK=1 (the children of `run`, whose stderr is a log file)."""
+    try:
+        code = cli.main(prog_name="aesrl-queue", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:  # `aesrl-queue runs | head -1`: the reader has all it wanted
+        from cli.launch import _silence
+
+        _silence(sys.stdout)
+        sys.exit(0)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the one place where errors become messages
+        message = one_line_error(exc)
+        if message is not None:
+            click.echo(f"error: {message}", err=True)
+            sys.exit(2)
+        import tempfile
+        import traceback
+
+        if os.environ.get("AESRL_TRACEBACK") == "1":  # a child of `run`: its stderr is a log file
+            raise
+        fd, path = tempfile.mkstemp(prefix="aesrl-queue-error-", suffix=".txt")
+        with os.fdopen(fd, "w") as fh:
+            traceback.print_exc(file=fh)
+        click.echo(f"error: unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                   f"(a bug: the traceback is in {path})", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

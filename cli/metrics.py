@@ -58,6 +58,19 @@ def open_tensorboard(log_dir: str | Path):
     return SummaryWriter(log_dir=str(log_dir))
 
 
+WANDB_MISSING = "--wandb-project needs the `wandb` package: pip install 'aesrl-queue[wandb]' (or pip install wandb)"
+
+
+def open_wandb(project: str, run_id: str, config: dict[str, Any], directory: str | Path | None = None):
+    """A W&B run named after the run id (resumed if it exists); offline with WANDB_MODE=offline."""
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError(WANDB_MISSING) from None
+    return wandb.init(project=project, name=run_id, id=run_id, resume="allow", config=config,
+                      dir=str(directory) if directory else None, reinit=True)
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -83,13 +96,18 @@ class MetricsWriter:
     """
 
     def __init__(self, client: redis.Redis, run_id: str, path: str | Path, tensorboard_dir: str | Path | None = None,
-                 append: bool = False) -> None:
+                 append: bool = False, wandb_project: str | None = None) -> None:
         self.store = Store(client, run_id)
         self.r = client
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.path, "a" if append else "w")  # noqa: SIM115 - closed in close()
         self.tb = open_tensorboard(tensorboard_dir) if tensorboard_dir else None
+        self.wandb = None
+        if wandb_project:
+            self.wandb = open_wandb(wandb_project, run_id, self.store.config().to_dict(), self.path.parent)
+        self._wb_row: dict[str, float] = {}
+        self._wb_step = 0
         self.history_after = "-"
         self.results_after = "0-0"
         self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()  # job -> its μ evaluation
@@ -126,6 +144,7 @@ class MetricsWriter:
             self.fh.flush()
             if self.tb is not None:
                 self.tb.flush()
+            self._flush_wandb()
         return written
 
     def _read_results(self, max_entries: int) -> None:
@@ -152,6 +171,18 @@ class MetricsWriter:
     def _scalar(self, name: str, value: Any, step: int, t: float) -> None:
         if self.tb is not None and _finite(value):
             self.tb.add_scalar(TB_SCALARS[name], float(value), global_step=int(step), walltime=t)
+        if self.wandb is not None and _finite(value):
+            if self._wb_row.get("steps", step) != step:
+                self._flush_wandb()
+            self._wb_row[TB_SCALARS[name]] = float(value)
+            self._wb_row["steps"] = step
+
+    def _flush_wandb(self) -> None:
+        """One W&B row per stored-steps value (W&B wants a step that never goes down)."""
+        if self.wandb is not None and self._wb_row:
+            row, self._wb_row = self._wb_row, {}
+            self._wb_step = max(self._wb_step, int(row["steps"]))
+            self.wandb.log(row, step=self._wb_step)
 
     def _update(self, h: dict[str, Any]) -> int:
         kind = h.get("kind", "?")
@@ -237,6 +268,9 @@ class MetricsWriter:
             self.fh.close()
             if self.tb is not None:
                 self.tb.close()
+            if self.wandb is not None:
+                self._flush_wandb()
+                self.wandb.finish()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

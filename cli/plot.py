@@ -241,7 +241,23 @@ def _fmt_steps(x: float, _pos=None) -> str:
     return f"{x:g}"
 
 
-def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = None, dpi: int = 110) -> dict[str, Any]:
+def seeds_label(runs: list[RunData]) -> str:
+    """How many runs and distinct seeds a curve averages: two runs of one seed are not two seeds."""
+    n = len(runs)
+    seeds = len({json.dumps(r.config.get("seed")) for r in runs})
+    if n == 1:
+        return f"({runs[0].run_id})"
+    if seeds == n:
+        return f"(mean ± std, {n} seeds)"
+    return f"(mean ± std over {n} runs, {seeds} seed{'s' if seeds != 1 else ''})"
+
+
+X_AXES = {"steps": ("stored environment steps", "stored steps"),
+          "interactions": ("environment interactions (μ evaluations included)", "environment interactions")}
+
+
+def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = None, dpi: int = 110,
+              x_axis: str = "steps") -> dict[str, Any]:
     """Write the PNG; returns what was drawn (groups, runs per group, skipped folders with reasons)."""
     import matplotlib
 
@@ -280,8 +296,8 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
     for gi, g in enumerate(groups):
         c = colors[gi % len(colors)]
         n = len(g.runs)
-        label = g.label + (f"  (mean ± std, {n} seeds)" if n > 1 else f"  ({g.runs[0].run_id})")
-        for ax, key, scale in ((ax_steps, "steps", 1.0), (ax_time, "elapsed", 1 / t_div)):
+        label = f"{g.label}  {seeds_label(g.runs)}"
+        for ax, key, scale in ((ax_steps, x_axis, 1.0), (ax_time, "elapsed", 1 / t_div)):
             x, mean, std = group_curve(g, key)
             if not len(x):
                 continue
@@ -304,7 +320,9 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
                 ax_p.plot(st["x"], st[f"p_{kind}"], color=c, ls=ls, lw=2, marker="o", ms=3)
                 ax_imp.plot(st["x"], st[f"improved_{kind}"], color=c, ls=ls, lw=2, marker="o", ms=3)
 
-    ax_steps.set(title="f(μ) against stored environment steps", xlabel="stored steps", ylabel="f(μ) (return of the mean)")
+    if x_axis not in X_AXES:
+        raise PlotError(f"x: one of {', '.join(X_AXES)}, got {x_axis!r}")
+    ax_steps.set(title=f"f(μ) against {X_AXES[x_axis][0]}", xlabel=X_AXES[x_axis][1], ylabel="f(μ) (return of the mean)")
     ax_time.set(title="f(μ) against wall-clock time", xlabel=f"{t_unit} since the run started", ylabel="f(μ)")
     ax_share.set(title="RL share of applied updates (dotted: target)", xlabel="stored steps",
                  ylabel="fraction of updates that were RL", ylim=(-0.03, 1.03))

@@ -59,6 +59,8 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         "elapsed": ((st.get("finished_at") or now) - st["started_at"]) if st.get("started_at") else 0.0,
         "last_p_rl": st.get("last_p_rl", math.nan), "last_p_es": st.get("last_p_es", math.nan),
         "now": now,
+        "problem": st.get("problem") or "", "problem_hint": st.get("problem_hint") or "",
+        "breaker": st.get("breaker") or "",
     }
     applied = st["rl_applied"] + st["es_applied"]
     out["rl_share"] = st["rl_applied"] / applied if applied else 0.0
@@ -72,8 +74,9 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         out["f_mu_range"] = (min(f_mus), max(f_mus)) if f_mus else None
         t0, t1 = hist[0]["t"], hist[-1]["t"]
         lens = sum(h.get("len", 0) for h in hist[1:])
-        # steps/s of the recent window; 0 once the run has been idle for a while
-        out["steps_per_s"] = lens / (t1 - t0) if t1 > t0 and now - t1 < 30 else 0.0
+        # steps/s of the recent window while the run goes; none once it stopped or finished
+        live = out["status"] in ("running", "draining")
+        out["steps_per_s"] = lens / (t1 - t0) if live and t1 > t0 and now - t1 < 30 else 0.0
         out["last_p"] = {k: [round(h["p"], 3) for h in hist if h["kind"] == k][-5:] for k in ("es", "rl")}
         out["rl_share_recent"] = sum(h["kind"] == "rl" for h in hist) / len(hist)
         out["last_update_age"] = now - t1
@@ -128,7 +131,8 @@ def render(s: dict[str, Any]) -> str:
         f"  σ mean {_f(s['sigma_mean'], '.4g')}  min {_f(s['sigma_min'], '.4g')}  max {_f(s['sigma_max'], '.4g')}"
         f"  version {s['version']}",
         f"  steps {s['steps']:,}/{s['total_steps']:,} ({pct:.1f}%)  interactions {s['interactions']:,}  "
-        f"steps/s {_f(s['steps_per_s'])}  elapsed {s['elapsed']:.0f}s",
+        f"steps/s {_f(s['steps_per_s']) if s['status'] in ('running', 'draining') else '-'}  "
+        f"elapsed {s['elapsed']:.0f}s",
         f"  RL share {s['rl_share']:.2f} (target {s['rl_target']:.2f})  applied es {s['es_applied']} "
         f"rl {s['rl_applied']}  last p es {s['last_p']['es']} rl {s['last_p']['rl']}",
         f"  jobs in flight {s['inflight']}  failed {s['failed']}  rejected {s['rejected']}  "
@@ -137,10 +141,25 @@ def render(s: dict[str, Any]) -> str:
         f"{_f(s['critic_steps_per_s'])} steps/s  loss {_f(s['critic_loss'], '.4g')}",
         f"  live workers {len(s['workers'])}",
     ]
+    if s.get("problem"):
+        lines.insert(1, f"  problem: {s['problem']}" + (f" (circuit breaker {s['breaker']})" if s.get("breaker") else ""))
     for w in s["workers"]:
         lines.append(f"    {w['host']}:{w['pid']:<8} {w['kind'] or 'idle':5} jobs {w['jobs_done']:<6} "
                      f"seen {_f(w['last_seen'])}s ago  {w['run']}")
     return "\n".join(lines)
+
+
+def render_line(s: dict[str, Any]) -> str:
+    """One plain line of a run's status (for `status --watch` off a terminal, e.g. into a log)."""
+    total = s["total_steps"] or 1
+    live = s["status"] in ("running", "draining")
+    line = (f"{time.strftime('%H:%M:%S')} {s['run']} {s['status']}  f(μ) {_f(s['f_mu'])}  "
+            f"steps {s['steps']:,}/{s['total_steps']:,} ({100.0 * s['steps'] / total:.1f}%)  "
+            f"steps/s {_f(s['steps_per_s'], ',.0f') if live else '-'}  es {s['es_applied']} rl {s['rl_applied']}  "
+            f"critic v{s['critic_version']}  workers {len(s['workers'])}")
+    if s.get("problem_hint"):
+        line += f"  problem: {s['problem_hint']}"
+    return line
 
 
 def _rl_target(cfg) -> float:

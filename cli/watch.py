@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cli.report import safe_gather, sparkline
+from cli.report import render_line, safe_gather, sparkline
 
 STATUS_STYLE = {"running": "bold green", "draining": "bold yellow", "finished": "bold blue",
                 "stopped": "bold yellow", "failed": "bold red", "created": "dim"}
@@ -72,9 +72,11 @@ def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> 
     frac = s["steps"] / total
     rate = s["steps_per_s"] or 0.0
     left = max(0, s["total_steps"] - s["steps"])
+    live_run = s["status"] in ("running", "draining")
     eta = _dur(left / rate) if rate > 0 and s["status"] == "running" else "-"
     grid.add_row("steps", Text.assemble(f"{s['steps']:,} / {s['total_steps']:,} ", (_bar(frac), "cyan"),
-                                        f" {100 * frac:5.1f}%   {_num(s['steps_per_s'], ',.0f')} steps/s   "
+                                        f" {100 * frac:5.1f}%   "
+                                        f"{_num(s['steps_per_s'], ',.0f') if live_run else '-'} steps/s   "
                                         f"ETA {eta}   elapsed {_dur(s['elapsed'])}"))
     grid.add_row("", f"interactions {s['interactions']:,} (all env steps, μ evaluations included)")
     recent = s.get("rl_share_recent", 0.0)
@@ -97,6 +99,11 @@ def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> 
                                f"{s.get('critic_device') or ''}   updated {_dur(age)} ago")
     else:
         grid.add_row("critic", Text("no critic published yet" if s["algo"] != "es" else "none (es)", style="dim"))
+
+    if s.get("problem"):
+        grid.add_row(Text("problem", style="bold red"),
+                     Text(s["problem"] + (f"  (circuit breaker {s['breaker']})" if s.get("breaker") else ""),
+                          style="red"))
 
     title = Text.assemble(("aesrl-queue ", "bold"), (s["run"], "bold magenta"),
                           f"  {s['algo']} on {s['env']}  ", (s["status"], STATUS_STYLE.get(s["status"], "")))
@@ -122,27 +129,52 @@ def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> 
     return Group(panel, workers, footer)
 
 
-def watch_status(client: redis.Redis, run_id: str, interval: float = 1.0, console: Console | None = None) -> None:
-    """Refresh the screen every `interval` seconds until Ctrl-C; a Redis hiccup is shown, not fatal."""
+DONE = ("finished", "stopped", "failed")
+
+
+def watch_status(client: redis.Redis, run_id: str, interval: float = 1.0, console: Console | None = None,
+                 until_done: bool = False, plain: bool | None = None) -> str:
+    """Refresh the screen every `interval` seconds until Ctrl-C (or, with `until_done`, until the
+    run is finished, stopped or failed); a Redis hiccup is shown, not fatal. Off a terminal (or
+    with `plain`) a plain line is printed every `interval` seconds instead. Returns the last status."""
     console = console or Console()
+    if plain is None:
+        plain = not console.is_terminal
     last: dict[str, Any] | None = None
     error = ""
+
+    def read() -> dict[str, Any] | None:
+        nonlocal last, error
+        try:
+            s = safe_gather(client, run_id)
+            if isinstance(s, str):
+                error, s = s, last
+            else:
+                error, last = "", s
+        except redis.RedisError as exc:
+            error, s = f"cannot read from Redis: {exc}", last
+        return s
+
     try:
+        if plain:
+            while True:
+                s = read()
+                print(render_line(s) if s is not None else f"waiting for run {run_id}: {error}",
+                      f"  ({error})" if error and s is not None else "", sep="", flush=True)
+                if until_done and s is not None and s["status"] in DONE:
+                    return s["status"]
+                time.sleep(interval)
         with Live(console=console, auto_refresh=False, screen=False, transient=False,
                   redirect_stdout=False, redirect_stderr=False) as live:
             while True:
-                try:
-                    s = safe_gather(client, run_id)
-                    if isinstance(s, str):
-                        error, s = s, last
-                    else:
-                        error, last = "", s
-                except redis.RedisError as exc:
-                    error, s = f"cannot read from Redis: {exc}", last
+                s = read()
                 if s is None:
                     live.update(Text(f"waiting for run {run_id}: {error}", style="yellow"), refresh=True)
                 else:
                     live.update(render_screen(s, interval, error), refresh=True)
+                    if until_done and s["status"] in DONE:
+                        return s["status"]
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
+    return last["status"] if last else "unknown"

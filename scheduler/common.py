@@ -5,10 +5,13 @@ The asynchronous loop and the synchronous baselines differ only in when they ask
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import math
+import re
 import time
+import zlib
 from collections import deque
 from typing import Any
 
@@ -33,6 +36,77 @@ def job_seed(run_seed: int, n: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+PLAIN_WORKER_HINT = "plain rq worker: use -w workers.AesrlWorker"
+PLAIN_WORKER_CAUSE = ("jobs fail with DeserializationError: a plain `rq worker` (pickle serializer) took them; "
+                      "start workers with `rq worker -w workers.AesrlWorker -u URL aesrl-rl aesrl-es` "
+                      "(or `aesrl-queue worker`)")
+
+
+def failure_cause(text: str) -> tuple[str, str]:
+    """(cause, short hint) of a failed job from its error text or RQ's exc_string."""
+    if "DeserializationError" in text or "UnpicklingError" in text:
+        return PLAIN_WORKER_CAUSE, PLAIN_WORKER_HINT
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else "unknown error"
+    # The exception line names the cause; numbers (job ids, pids) would make every failure unique.
+    cause = re.sub(r"\d+", "#", last)[:300]
+    return f"jobs fail with {cause}", f"jobs failing: {cause[:60]}"
+
+
+class FailureBreaker:
+    """Stops refilling slots after `after` failures of one cause in a row (no success between).
+
+    A job that fails on every worker, or workers that cannot run our jobs at all (a plain `rq
+    worker`), would otherwise be refilled and fail again for ever. The cause goes into the run's
+    state (`problem`, `problem_hint`: `status` and `run`'s progress line show them) the first time
+    it is seen; while open, one probe job is let through every `probe_every` seconds, and the first
+    success closes the breaker and clears the cause.
+    """
+
+    def __init__(self, store: Store, after: int = 4, probe_every: float = 30.0) -> None:
+        self.store = store
+        self.after = after
+        self.probe_every = probe_every
+        self.cause: str | None = None
+        self.streak = 0
+        self.open = False
+        self._probe_at = 0.0
+
+    def failure(self, text: str, workers: int = 0) -> None:
+        cause, hint = failure_cause(text)
+        if cause != self.cause:
+            self.cause, self.streak = cause, 0
+            log.warning("run %s: %s", self.store.run_id, cause)
+            self.store.set_state(problem=cause, problem_hint=hint, breaker="")
+        self.streak += 1
+        if not self.open and self.streak >= max(self.after, workers):
+            self.open = True
+            self._probe_at = time.monotonic()
+            log.error("run %s: %d jobs in a row failed (%s); no more jobs are queued, one probe job every %.0fs "
+                      "until one succeeds", self.store.run_id, self.streak, cause, self.probe_every)
+            self.store.set_state(breaker=f"open after {self.streak} failures in a row; one probe job every "
+                                         f"{self.probe_every:.0f}s")
+
+    def success(self) -> None:
+        if self.cause is None:
+            return
+        if self.open:
+            log.warning("run %s: a job succeeded again; queueing jobs as before", self.store.run_id)
+        self.cause, self.streak, self.open = None, 0, False
+        self.store.set_state(problem="", problem_hint="", breaker="")
+
+    def limit(self, target: int, inflight: int) -> int:
+        """The in-flight target allowed: `target` when closed; while open, one more job (a probe)
+        every probe_every seconds, else none."""
+        if not self.open:
+            return target
+        now = time.monotonic()
+        if now - self._probe_at >= self.probe_every:
+            self._probe_at = now
+            return min(target, inflight + 1)
+        return min(target, inflight)
+
+
 class Dispatcher:
     """Enqueue evaluation jobs and track them until their results are applied or they are lost."""
 
@@ -50,6 +124,7 @@ class Dispatcher:
         self._workers: dict[str, dict[str, str]] = {}
         self._last_check = 0.0
         self.noise_ahead = NoiseAhead(cfg.actor_dim)
+        self.breaker = FailureBreaker(store)
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once, not per job
 
     # -- workers -------------------------------------------------------------------------------
@@ -62,7 +137,7 @@ class Dispatcher:
 
     def target_inflight(self) -> int:
         n = max(1, len(self.workers()))
-        return n * (1 + self.cfg.queued_per_worker)
+        return self.breaker.limit(n * (1 + self.cfg.queued_per_worker), len(self.inflight))
 
     # -- dispatch --------------------------------------------------------------------------------
     def enqueue(self, specs: list[dict[str, Any]], state_fields: dict[str, Any] | None = None,
@@ -122,6 +197,12 @@ class Dispatcher:
                 out.append((entry_id, res, ""))
             except CodecError as exc:
                 out.append((entry_id, None, str(exc)))
+                continue
+            if res.job in self.inflight:  # the circuit breaker counts what our jobs report
+                if res.ok:
+                    self.breaker.success()
+                else:
+                    self.breaker.failure(res.error or "unknown error", len(self._workers))
         return out
 
     def individual(self, res: Result, dists: DistCache) -> np.ndarray:
@@ -174,6 +255,7 @@ class Dispatcher:
                     lost.append((job, f"running for {age:.0f}s, past its deadline"))
             elif now - float(info.get("enqueued_at", now)) > 10.0:
                 unstarted.append(job)
+        rq_failed: list[str] = []
         if unstarted:
             pipe = self.r.pipeline(transaction=False)
             for job in unstarted:
@@ -194,11 +276,15 @@ class Dispatcher:
                     lost.append((job, "its RQ job vanished"))
                 elif status in ("failed", "stopped", "canceled"):
                     lost.append((job, f"RQ marked it {status}"))
+                    if status == "failed":
+                        rq_failed.append(job)
                 elif status in ("started", "finished") and waited > 10.0 + WORKER_TTL:
                     # RQ started it but the job never registered with us: the worker died early.
                     lost.append((job, f"RQ says {status} but the job never started here"))
                 elif waited > self.cfg.job_timeout * 4:
                     lost.append((job, f"queued for {waited:.0f}s"))
+        for job in rq_failed:
+            self.breaker.failure(rq_failure_text(self.r, job), len(workers))
         return lost
 
     def release(self, jobs: list[str]) -> None:
@@ -210,6 +296,17 @@ class Dispatcher:
     def forget(self, jobs: list[str], pipe=None) -> None:
         self.release(jobs)
         self.store.forget_jobs(jobs, pipe=pipe)
+
+
+def rq_failure_text(client: redis.Redis, job: str) -> str:
+    """The exception text RQ stored for a failed job (its latest result), read without RQ's
+    serializer: only the plain, compressed exc_string field is decoded."""
+    try:
+        entries = client.xrevrange(f"rq:results:{job}", count=1)
+        raw = entries[0][1].get(b"exc_string") if entries else None
+        return zlib.decompress(base64.b64decode(raw)).decode(errors="replace") if raw else "RQ marked it failed"
+    except (redis.RedisError, ValueError, zlib.error, IndexError) as exc:
+        return f"RQ marked it failed (its error is unreadable: {exc})"
 
 
 class DistCache:

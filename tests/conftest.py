@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from aesrl_queue.procs import spawn, stop_all
 from aesrl_queue.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,16 +61,15 @@ def child_env() -> dict[str, str]:
 
 
 class Procs:
-    """Child processes of one test, each logging to a file; all are killed at teardown."""
+    """Child processes of one test, each logging to a file; all are killed at teardown (and die with
+    the test process: aesrl_queue.procs)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
-                             start_new_session=True)
+        p = spawn(cmd, log_file=self.log_dir / f"{name}.log", env=child_env(), cwd=ROOT)
         self.procs[name] = p
         return p
 
@@ -90,17 +90,7 @@ class Procs:
         return "\n".join(f"===== {n}\n{self.log(n)[-3000:]}" for n in self.procs)
 
     def stop_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for p in self.procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_all(self.procs.items(), grace=10.0, sig=signal.SIGKILL)
 
 
 @pytest.fixture()

@@ -228,7 +228,7 @@ def test_pickle_planted_in_run_keys_is_refused(redis_url, client, tmp_path):
     client.set(f"aesrl:{run}:config", pickle.dumps({"env_id": "AesrlNull-v0"}))
     client.zadd("aesrl:runs", {run: 1.0})
     out = aq("status", "--redis-url", redis_url, "--run", run)
-    assert out.returncode == 1 and "holds a pickle" in out.stderr, out.stderr
+    assert out.returncode == 2 and "holds a pickle" in out.stderr, out.stderr
     out = aq("scheduler", "start", "--redis-url", redis_url, "--run", run)
     assert out.returncode == 2 and "holds a pickle" in out.stderr and "Traceback" not in out.stderr, out.stderr
     out = aq("critic", "start", "--redis-url", redis_url, "--run", run, "--wait", "1")

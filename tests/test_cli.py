@@ -56,7 +56,7 @@ def test_unknown_choice_is_a_usage_error(redis_url):
 
 def test_unreachable_redis_says_what_to_do():
     out = aq("status", "--redis-url", "redis://127.0.0.1:1/0")
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in out.stderr
     assert "--redis-url" in out.stderr
 

@@ -120,10 +120,10 @@ def test_evaluate_films_an_episode_or_says_what_to_install(finished_run, tmp_pat
 
 def test_export_and_evaluate_refuse_what_they_cannot_read(tmp_path, redis_url):
     out = aq("export", str(tmp_path), "-o", str(tmp_path / "x.pt"))
-    assert out.returncode == 1 and "no policy.npz" in out.stderr
+    assert out.returncode == 2 and "no policy.npz" in out.stderr
     out = aq("export", "no-such-run", "--redis-url", redis_url, "-o", str(tmp_path / "x.pt"))
-    assert out.returncode == 1 and "neither a run folder nor a run on this Redis" in out.stderr
+    assert out.returncode == 2 and "neither a run folder nor a run on this Redis" in out.stderr
     bogus = tmp_path / "bogus.pt"
     torch.save({"format": "something-else"}, bogus)
     out = aq("evaluate", str(bogus))
-    assert out.returncode == 1 and "not a policy file written by `aesrl-queue export`" in out.stderr
+    assert out.returncode == 2 and "not a policy file written by `aesrl-queue export`" in out.stderr

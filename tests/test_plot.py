@@ -13,7 +13,7 @@ import sys
 import numpy as np
 from PIL import Image
 
-from cli.plot import group_curve, group_runs, interaction_stats, kind_means, load_run
+from cli.plot import group_curve, group_runs, interaction_stats, kind_means, load_run, seeds_label
 from tests.conftest import ROOT, child_env
 
 
@@ -36,7 +36,7 @@ def write_run(folder, algo="aesrl", seed=0, n=120, slope=1.0, offset=-1000.0, rl
                    "dist_before": 0.5 if kind == "rl" else None, "dist_after": 2.0 if kind == "rl" else None}
             fh.write(json.dumps(rec) + "\n")
             fh.write(json.dumps({"type": "mu_eval", "t": 5000.0 + i * dt, "elapsed": i * dt, "steps": i * 100,
-                                 "mu_version": i - 1, "f_mu": f_mu}) + "\n")
+                                 "interactions": i * 400, "mu_version": i - 1, "f_mu": f_mu}) + "\n")
         fh.write('{"type": "update", "steps": 1')  # a line torn by a crash is skipped
     return folder
 
@@ -131,3 +131,20 @@ def test_metrics_without_type_field_are_updates(tmp_path):
                                                            "f_z": -i, "f_mu": -2.0 * i}) for i in range(1, 30)))
     run = load_run(d)
     assert len(run.updates) == 29 and len(run.evals) == 29 and run.evals[0]["elapsed"] == 0.0
+
+
+def test_two_runs_of_one_seed_are_not_two_seeds_and_x_can_be_interactions(tmp_path):
+    same = [load_run(write_run(tmp_path / f"rep{i}", seed=7)) for i in (1, 2)]
+    assert seeds_label(same) == "(mean ± std over 2 runs, 1 seed)"
+    two = same + [load_run(write_run(tmp_path / "other", seed=8))]
+    assert seeds_label(two) == "(mean ± std over 3 runs, 2 seeds)"
+    assert seeds_label(same[:1]) == "(rep1)"
+    (group,) = group_runs(same)
+    x_steps, _, _ = group_curve(group, "steps")
+    x_inter, mean, _ = group_curve(group, "interactions")
+    assert x_inter.max() == 4 * x_steps.max() and np.isfinite(mean).all()
+    out = subprocess.run([sys.executable, "-m", "cli.main", "plot", *(str(r.folder) for r in same), "--x",
+                          "interactions", "-o", str(tmp_path / "c.png")], capture_output=True, text=True,
+                         env=child_env(), cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert Image.open(tmp_path / "c.png").size[0] > 1000

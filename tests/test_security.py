@@ -60,9 +60,9 @@ def test_requirepass(tmp_path, procs):
         _run(tmp_path, procs, server.url, "auth-run", admin)
         bare = f"redis://127.0.0.1:{server.port}/0"
         out = aq("status", "--redis-url", bare)
-        assert out.returncode == 1 and "put the password in the URL" in out.stderr, out.stderr
+        assert out.returncode == 2 and "put the password in the URL" in out.stderr, out.stderr
         out = aq("status", "--redis-url", f"redis://:not-it@127.0.0.1:{server.port}/0")
-        assert out.returncode == 1 and "refused the credentials" in out.stderr, out.stderr
+        assert out.returncode == 2 and "refused the credentials" in out.stderr, out.stderr
         assert "not-it" not in out.stderr  # passwords never reach a message
         # A worker with a wrong password stops at once with that message instead of retrying forever.
         w = subprocess.run([sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u",
