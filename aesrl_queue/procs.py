@@ -167,4 +167,5 @@ class ProcessGroup:
         return stop_all(chosen, grace=grace)
 
     def kill_all(self, grace: float = 1.0) -> list[str]:
-        return self.stop(grace=grace)
+        """Stop every child (subclasses may give `stop` another signature; this one is fixed)."""
+        return stop_all(self.procs, grace=grace)
