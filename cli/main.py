@@ -358,7 +358,11 @@ def worker(redis_url, processes, burst, read_url) -> None:
             fail(f"read-url: {exc}")
         env[READ_URL_ENV] = read_url
         click.echo(f"reading run data from replica {redact(read_url)}", err=True)
-    procs = [subprocess.Popen(worker_command(url, burst), env=env) for _ in range(processes)]
+    from aesrl_queue.procs import spawn
+
+    # Each worker gets SIGTERM (RQ's warm shutdown: the job in hand finishes) if this process dies,
+    # even by kill -9: no orphaned workers keep taking jobs.
+    procs = [spawn(worker_command(url, burst), env=env, death_signal=signal.SIGTERM) for _ in range(processes)]
     click.echo(f"started {processes} workers on {redact(url)}", err=True)
 
     def stop(signum, frame):

@@ -329,3 +329,20 @@ def test_wandb_offline_logs_f_mu_without_a_network(tmp_path):
     files = list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-wb.wandb"))
     assert len(files) == 1, list((tmp_path / "wb").rglob("*"))
     assert b"charts/f_mu" in files[0].read_bytes()  # the scalars TensorBoard gets, under the same names
+
+
+@pytest.mark.slow
+def test_kill9_of_the_worker_wrapper_ends_its_workers(redis_url):
+    """`aesrl-queue worker --processes N` is a launcher too: its workers leave with it."""
+    wrapper = subprocess.Popen([*AQ, "worker", "--processes", "2", "--redis-url", redis_url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), cwd=ROOT)
+    try:
+        wait_for(lambda: len(descendants(wrapper.pid)) >= 2, 60, what="two workers")
+        kids = descendants(wrapper.pid)
+        wrapper.kill()
+        wrapper.wait(10)
+        # SIGTERM is RQ's warm shutdown: an idle worker leaves within seconds.
+        wait_for(lambda: all(pid_gone(p) for p in kids), 20, interval=0.1, what="the workers to exit")
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
