@@ -211,12 +211,13 @@ class AesrlDistribution(AsyncDistribution):
             "var_floor": self.var_floor,
         }
 
-    # The last tell's one-pass outputs (μ', var', σ', changed, ||μ' − μ||) when the compiled
-    # kernel ran it, else None: the scheduler reuses σ' and the move instead of recomputing them.
-    last_step: kernels.StepOut | None = None
-
     def tell(self, z: Any, f_z: float, f_mu: float) -> float:
-        self.last_step = None
+        return self.tell_step(z, f_z, f_mu)[0]
+
+    def tell_step(self, z: Any, f_z: float, f_mu: float) -> tuple[float, kernels.StepOut | None]:
+        """`tell`, also returning the compiled kernel's one-pass outputs (μ', var', σ', changed,
+        ||μ' − μ||) when it ran the step, else None: the optimizer hands σ' and the move on to the
+        scheduler instead of having them computed a second time."""
         fn = kernels.compiled()
         plain = kernels.plain_vector(z, self.dim) if fn is not None else None
         if plain is None:
@@ -233,18 +234,17 @@ class AesrlDistribution(AsyncDistribution):
         if p == 0.0:
             if plain is not None and self.scale is None and not np.all(np.isfinite(z)):
                 raise ValueError("z must be finite (and within float32 range)")
-            return p
+            return p, None
         n = variance_n(self.var_rule, p, self.fixed_n)
         if fn is not None:
             step = kernels.aesrl_step(self.mean, self.var, z, p, n, self.var_floor, fn)
             if step.changed:
                 self.mean, self.var = step.mean, step.var
                 self.version += 1
-            self.last_step = step
-            return p
+            return p, step
         mean, var = _aesrl_step(self.mean, self.var, z, p, n, self.var_floor)
         self._commit(mean, var)
-        return p
+        return p, None
 
     def state(self, arrays: bool = True) -> dict[str, Any]:
         out = super().state(arrays)

@@ -353,15 +353,18 @@ class Store:
         )
         return _text(entry)
 
-    def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0) -> str:
-        """Store one episode's transitions; counts `steps` and trims old episodes, atomically."""
+    def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0,
+                       pipe=None) -> str | None:
+        """Store one episode's transitions; counts `steps` and trims old episodes, atomically.
+
+        Returns the entry id, or None when queued on `pipe` (its reply carries the id)."""
         cfg = self.config()
         n, fields = self._episode_args(transitions, job)
         entry = self._store_episode(
             keys=[self.key("replay"), self.key("state"), self.key("replay:index")],
-            args=[cfg.replay_capacity, n, extra_interactions, *fields],
+            args=[cfg.replay_capacity, n, extra_interactions, *fields], client=pipe,
         )
-        return _text(entry)
+        return None if pipe is not None else _text(entry)
 
     def decode_episode(self, entry_id: Any, fields: dict, obs_only: bool = False) -> dict[str, np.ndarray]:
         cfg = self.config()
@@ -440,6 +443,62 @@ class Store:
         blob = self.r.get(self.key("critic:ckpt"))
         return None if blob is None else codec.unpack(blob, what="critic checkpoint")
 
+    def save_td3_ckpt(self, payload: dict[str, Any], pipe=None) -> None:
+        """The TD3 baseline's networks, optimizers and counters (its replay is the `replay` stream)."""
+        (pipe or self.r).set(self.key("td3:ckpt"), codec.pack(payload))
+
+    def load_td3_ckpt(self) -> dict[str, Any] | None:
+        blob = self.r.get(self.key("td3:ckpt"))
+        return None if blob is None else codec.unpack(blob, what="td3 checkpoint")
+
+    # -- the optimizer's state and what the scheduler keeps beside it ------------------------------
+    def save_optimizer(self, state: dict[str, Any], pipe=None) -> None:
+        """The optimizer's plain-data state (without μ/var, which live in dist:{version})."""
+        (pipe or self.r).set(self.key("optimizer"), codec.pack(state))
+
+    def load_optimizer(self) -> dict[str, Any] | None:
+        blob = self.r.get(self.key("optimizer"))
+        return None if blob is None else codec.unpack(blob, what="optimizer state")
+
+    def dist_versions(self) -> list[int]:
+        """Every dist:{version} still in Redis."""
+        out = []
+        for key in self.r.scan_iter(match=self.key("dist:*"), count=1000):
+            tail = _text(key).rsplit(":", 1)[1]
+            if tail.isdigit():
+                out.append(int(tail))
+        return out
+
+    def delete_dists(self, versions: list[int], pipe=None) -> None:
+        if versions:
+            (pipe or self.r).delete(*(self.key(f"dist:{v}") for v in versions))
+
+    def read_refs(self, pipe) -> None:
+        """Queue an HVALS of `refs` (the version each started job uses) on `pipe`."""
+        pipe.hvals(self.key("refs"))
+
+    def append_history(self, entry: dict[str, Any], pipe=None) -> None:
+        (pipe or self.r).xadd(self.key("history"), {"d": codec.pack(entry)}, maxlen=self.config().history_max)
+
+    def keep_best(self, best: dict[str, Any], pipe=None) -> None:
+        """The best non-random individual so far (for `aesrl-queue export --which best`)."""
+        fields = {k: v for k, v in best.items() if k != "params"}
+        (pipe or self.r).hset(self.key("best"), mapping={"params": codec.encode_array(best["params"]),
+                                                          **{k: _fmt(v) for k, v in fields.items()}})
+
+    def best_fitness(self) -> float:
+        value = self.r.hget(self.key("best"), "fitness")
+        return float(_text(value)) if value is not None else -math.inf
+
+    def counters(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Integer state fields in one read (absent fields are 0)."""
+        return {n: int(_text(v)) if v is not None else 0
+                for n, v in zip(names, self.r.hmget(self.key("state"), list(names)), strict=True)}
+
+    def individual(self, name: str) -> np.ndarray:
+        """A stored individual by its name within the run (`ind:{job}`)."""
+        return self.get_individual(self.key(name))
+
     # -- history and runs -------------------------------------------------------------------------
     def history(self, count: int | None = None, after: str = "-") -> list[tuple[str, dict[str, Any]]]:
         rows = self.r.xrange(self.key("history"), min=after, count=count)
@@ -467,6 +526,11 @@ class Store:
         n = self.r.delete(*keys) if keys else 0
         self.r.zrem(RUNS_KEY, self.run_id)
         return n
+
+
+def rq_job_status(pipe, job: str) -> None:
+    """Queue a read of RQ's own status of `job` (its `rq:job:{id}` hash) on `pipe`."""
+    pipe.hget(f"rq:job:{job}", "status")
 
 
 def list_runs(client: redis.Redis) -> list[tuple[str, float]]:

@@ -459,7 +459,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
             timer.active = True
         c = time.thread_time()
         t = time.perf_counter()
-        sched._apply(entry_id, res, err)
+        sched.apply([(entry_id, res, err)], refill=False)
         dt = time.perf_counter() - t
         cpu_times.append(time.thread_time() - c)
         if timer is not None:
@@ -478,7 +478,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
 
     timer = PartTimer()
     timer.wrap(sched.dispatch, "individual", "rebuild")
-    timer.wrap(sched.dist, "tell", "tell")
+    timer.wrap(sched.opt.dist, "tell_step", "tell")
     timer.wrap(sched.store, "publish_dist", "encode")
     timer.wrap(client, "hmget", "hmget")
     timer.wrap_pipeline(sched.r_once, "exec")  # the apply's MULTI/EXEC goes through the no-retry client
@@ -493,7 +493,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
             parts[p].append(timer.acc.get(p, 0.0) * 1e3)
     del client.hmget, sched.r_once.pipeline  # back to the class methods
 
-    mu, var = sched.dist.mean, sched.dist.var
+    mu, var = sched.opt.mean, sched.opt.var
     t = time.perf_counter()
     reps = max(3, n_breakdown // 4)
     for i in range(reps):
