@@ -1,4 +1,4 @@
-"""The Redis schema of one run (DESIGN.md §3) behind named operations.
+"""The Redis schema (docs/architecture.md) behind named operations, and every Lua script.
 
 Every key of a run lives under `aesrl:{run_id}:` and has a lifetime or a bound. The scheduler is
 the only writer of μ/var and of the state it owns; workers append episodes and results; the
@@ -85,6 +85,29 @@ res[#res + 1] = steps
 res[#res + 1] = 'interactions'
 res[#res + 1] = inter
 return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', unpack(res))
+"""
+
+
+# A worker starts a job: atomically check the job is still wanted, read the current μ/var, and record
+# which version this job uses, so the scheduler keeps that version until the result is in. With
+# ARGV[4] = 'v' (a worker that reads from a replica) it returns the version and the critic's version
+# instead of the blobs: the primary decides which version the job uses, the replica only serves its
+# bytes. KEYS: state, inflight, started, refs. ARGV: job, started info, run prefix[, 'v'].
+_START_JOB = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return false end
+local v = redis.call('HGET', KEYS[1], 'version')
+if not v then return false end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[1], v)
+if ARGV[4] == 'v' then return {v, redis.call('HGET', ARGV[3] .. 'critic', 'version')} end
+local d = redis.call('HMGET', ARGV[3] .. 'dist:' .. v, 'mu', 'var')
+return {v, d[1], d[2]}
+"""
+# Read-only: the current version and its μ (for the evaluation of the mean). KEYS: state. ARGV: prefix.
+_READ_MU = """
+local v = redis.call('HGET', KEYS[1], 'version')
+if not v then return false end
+return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
 """
 
 
@@ -183,6 +206,8 @@ class Store:
         self._config: RunConfig | None = None
         self._store_episode = client.register_script(_STORE_EPISODE)
         self._finish_job = client.register_script(_FINISH_JOB)
+        self._start_job = client.register_script(_START_JOB)
+        self._read_mu = client.register_script(_READ_MU)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -265,24 +290,33 @@ class Store:
         mu, var = (client or self.r).hmget(self.key(f"dist:{version}"), ["mu", "var"])
         if mu is None or var is None:
             raise CodecError(f"distribution version {version} of run {self.run_id} is not in Redis (expired?)")
-        mu = codec.decode_array(mu, size=dim, what=f"dist:{version} mu")
-        var = codec.decode_array(var, size=dim, what=f"dist:{version} var")
+        mu, var = self.decode_dist(version, mu, var, dim)
         if np.any(var <= 0):
             raise CodecError(f"dist:{version} var holds non-positive values")
         return mu, var
+
+    def decode_dist(self, version: int, mu: bytes, var: bytes, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """μ and var from the raw blobs of dist:{version} (as a job's start script returns them)."""
+        dim = self.config().actor_dim if dim is None else dim
+        return (codec.decode_array(mu, size=dim, what=f"dist:{version} mu"),
+                codec.decode_array(var, size=dim, what=f"dist:{version} var"))
 
     def current_version(self, client: redis.Redis | None = None) -> int:
         value = (client or self.r).hget(self.key("state"), "version")
         return int(_text(value)) if value is not None else 0
 
-    def expire_dists(self, versions: list[int], ttl: int = 30) -> None:
+    def expire_dists(self, versions: list[int], ttl: int = 30, pipe=None) -> None:
         """Give superseded versions a short TTL (a job that just read one still finishes)."""
         if not versions:
             return
-        pipe = self.r.pipeline(transaction=False)
+        p = pipe if pipe is not None else self.r.pipeline(transaction=False)
         for v in versions:
-            pipe.expire(self.key(f"dist:{v}"), ttl)
-        pipe.execute()
+            p.expire(self.key(f"dist:{v}"), ttl)
+        if pipe is None:
+            p.execute()
+
+    def has_dist(self, version: int) -> bool:
+        return bool(self.r.exists(self.key(f"dist:{version}")))
 
     # -- in-flight jobs ---------------------------------------------------------------------------
     def add_inflight(self, job: str, info: dict[str, Any], pipe=None) -> None:
@@ -323,6 +357,32 @@ class Store:
             p.hdel(self.key(name), *jobs)
         if pipe is None:
             p.execute()
+
+    # -- a worker's side of the job protocol -------------------------------------------------------
+    def start_job(self, job: str, info: bytes, versions_only: bool = False) -> list | None:
+        """Register `job` as started on the primary: [version, μ blob, var blob], or with
+        `versions_only` [version, critic version] (the blobs then come from a replica); None if the
+        job is no longer wanted."""
+        keys = [self.key("state"), self.key("inflight"), self.key("started"), self.key("refs")]
+        args = [job, info, self.prefix, *(["v"] if versions_only else [])]
+        return self._start_job(keys=keys, args=args) or None
+
+    def read_current_mu(self, client: redis.Redis | None = None) -> list | None:
+        """[current version, its μ blob] in one atomic read (on `client`, e.g. a replica)."""
+        return self._read_mu(keys=[self.key("state")], args=[self.prefix], client=client or self.r) or None
+
+    def dist_blobs(self, version: int, client: redis.Redis | None = None) -> tuple[bytes, bytes] | None:
+        """The raw μ and var blobs of dist:{version} (immutable once written), None if absent."""
+        mu, var = (client or self.r).hmget(self.key(f"dist:{version}"), ["mu", "var"])
+        return None if mu is None or var is None else (mu, var)
+
+    def config_blob(self, client: redis.Redis | None = None) -> bytes | None:
+        return (client or self.r).get(self.key("config"))
+
+    def critic_blob(self, client: redis.Redis | None = None) -> tuple[int, bytes] | None:
+        """(version, raw weights blob) of the published critic, None if there is none."""
+        version, blob = (client or self.r).hmget(self.key("critic"), ["version", "weights"])
+        return None if version is None or blob is None else (int(_text(version)), blob)
 
     # -- replay ---------------------------------------------------------------------------------
     def _episode_args(self, transitions: dict[str, np.ndarray], job: str) -> tuple[int, list[Any]]:
@@ -494,10 +554,6 @@ class Store:
         """Integer state fields in one read (absent fields are 0)."""
         return {n: int(_text(v)) if v is not None else 0
                 for n, v in zip(names, self.r.hmget(self.key("state"), list(names)), strict=True)}
-
-    def individual(self, name: str) -> np.ndarray:
-        """A stored individual by its name within the run (`ind:{job}`)."""
-        return self.get_individual(self.key(name))
 
     # -- history and runs -------------------------------------------------------------------------
     def history(self, count: int | None = None, after: str = "-") -> list[tuple[str, dict[str, Any]]]:

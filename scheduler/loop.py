@@ -101,11 +101,11 @@ class Scheduler:
         # What a synchronous generation needs back: members whose job was forgotten run again, and
         # the trained parameters of RL members that already returned come from their stored individuals.
         self.opt.reconcile(set(self.dispatch.inflight))
-        for name, member in self.opt.needs_individuals().items():
+        for key, member in self.opt.needs_individuals().items():
             try:
-                z = store.individual(name)
+                z = store.get_individual(key)
             except CodecError as exc:
-                log.warning("run %s: stored individual %s unusable (%s)", cfg.run_id, name, exc)
+                log.warning("run %s: stored individual %s unusable (%s)", cfg.run_id, key, exc)
                 z = None
             self.opt.provide(member, z)
         self.last_id = state.get("last_result_id", "0-0") or "0-0"
@@ -252,7 +252,7 @@ class Scheduler:
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
                        worker=res.worker, duration=res.duration, rl_steps=res.rl_steps,
                        dist_before=res.dist_before, dist_after=res.dist_after,
-                       enqueued_at=float(info.get("enqueued_at", 0.0)))
+                       enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind)
         try:
             update = self.opt.tell(ev, now=time.time())
         except ValueError as exc:

@@ -60,6 +60,7 @@ class Evaluated:
     dist_before: float = math.nan
     dist_after: float = math.nan
     enqueued_at: float = 0.0
+    ind: str = ""  # RL: the key of the stored trained individual (opaque here; the loop reads it back)
 
 
 @dataclass

@@ -202,9 +202,7 @@ class CemOptimizer:
             raise ValueError(f"job {ev.job} used version {ev.version}, generation {self.gen['g']} is version "
                              f"{self.version}")
         m = self.gen["members"][i]
-        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length), ind="", worker=ev.worker)
-        if ev.kind == "rl":
-            m["ind"] = f"ind:{ev.job}"  # the stored individual's name within the run
+        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length), ind=ev.ind, worker=ev.worker)
         if finite(ev.f_mu) and ev.f_mu_version == self.version:
             m["f_mu"] = float(ev.f_mu)
         self._z[i] = ev.z
@@ -274,7 +272,7 @@ class CemOptimizer:
                 m["job"] = ""
 
     def needs_individuals(self) -> dict[str, int]:
-        """Stored individuals (names within the run) of RL members that returned before a restart."""
+        """The stored individuals (their keys) of RL members that returned before a restart -> member."""
         return dict(self._need)
 
     def provide(self, member: int, z: np.ndarray | None) -> None:
