@@ -13,13 +13,18 @@ import numpy as np
 
 from aesrl_queue import kernels, noise
 from aesrl_queue.fitness import FitnessScale
-from aesrl_queue.rules import MEAN_RULES, VAR_FLOOR, SuccessRule, update_ratio, variance_n
+from aesrl_queue.rules import (
+    AESRL_VAR_RULES,
+    FITNESS_MEAN_RULES,
+    MEAN_RULES,
+    VAR_FLOOR,
+    SuccessRule,
+    update_ratio,
+    variance_n,
+)
 
 DISTRIBUTIONS = ("aesrl", "opo", "acem", "cem")
-AESRL_MEAN_RULES = MEAN_RULES
-AESRL_VAR_RULES = ("fixed", "adaptive")
-# The fitness-based rules that list_variants() offers; one-plus-one mean steps belong to "opo".
-_VARIANT_MEAN_RULES = tuple(rule for rule in MEAN_RULES if rule != "one-plus-one")
+AESRL_MEAN_RULES = MEAN_RULES  # the distribution also runs one-plus-one steps (list_variants offers it as "opo")
 
 
 def _real(name: str, value: Any, *, positive: bool = False, nonnegative: bool = False) -> float:
@@ -557,7 +562,7 @@ def make_distribution(name: str, mu: Any, **params: Any) -> Distribution:
 
 def list_variants() -> list[str]:
     """The selectable asynchronous variants: "aesrl:<mean rule>/<var rule>", "opo", "acem"."""
-    aesrl = [f"aesrl:{m}/{v}" for m in _VARIANT_MEAN_RULES for v in AESRL_VAR_RULES]
+    aesrl = [f"aesrl:{m}/{v}" for m in FITNESS_MEAN_RULES for v in AESRL_VAR_RULES]
     return [*aesrl, "opo", "acem"]
 
 
