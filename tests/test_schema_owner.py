@@ -12,8 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OWNER = "aesrl_queue/store.py"
-# Modules another engineer is rewriting while this check arrived; their keys move into store.py
-# when the branches are merged (then this list is emptied).
+# Not yet through the store: cli/launch.py and cli/report.py were being rewritten by another
+# engineer when this check arrived (their two reads move into store.py at the merge), and
+# bench/overhead.py measures the sizes of raw keys, RQ's included, by name. Empty it as they move.
 PENDING = {"cli/launch.py", "cli/report.py", "bench/overhead.py"}
 
 # The key templates of the schema (docs/architecture.md), as they would appear in a string literal.
