@@ -20,10 +20,14 @@ from typing import Any
 
 import msgpack
 
+from aesrl_queue.numpy_actor import ACTIVATIONS, actor_param_count
+from aesrl_queue.rules import AESRL_VAR_RULES, FITNESS_MEAN_RULES
+
 ALGOS = ("aesrl", "es", "opo", "acemrl", "cemrl", "pcemrl", "td3")
-MEAN_RULES = ("fixed-linear", "fixed-sigmoid", "baseline-absolute", "baseline-relative")
-VAR_RULES = ("fixed", "adaptive")
-ACTIVATIONS = ("tanh", "relu", "leaky_relu")
+# The mean and variance rules a run selects (aesrl_queue/rules.py defines them); these two names
+# stay for cli/main.py, which imports them from here.
+MEAN_RULES = FITNESS_MEAN_RULES
+VAR_RULES = AESRL_VAR_RULES
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # Names whose key prefix aesrl:{name}: would overlap the global keys of store.py (aesrl:worker:*, ...).
 RESERVED_RUN_IDS = ("runs", "workers", "worker")
@@ -39,7 +43,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class RunConfig:
-    """Every setting of a run. Defaults follow the paper and the official code (DESIGN.md §5)."""
+    """Every setting of a run. Defaults follow the paper and the official code."""
 
     env_id: str = "HalfCheetah-v5"
     algo: str = "aesrl"
@@ -113,7 +117,7 @@ class RunConfig:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_preset(cls, env_id: str, **overrides: Any) -> RunConfig:
-        """The preset of `env_id` (DESIGN.md §5) with `overrides` applied on top."""
+        """The preset of `env_id` with `overrides` applied on top."""
         values: dict[str, Any] = {"env_id": env_id}
         values.update(preset_for(env_id))
         # The baselines' own published settings win over the environment preset; options win over both.
@@ -132,10 +136,7 @@ class RunConfig:
         for name in ("hidden", "critic_hidden"):
             val = getattr(cfg, name)
             if isinstance(val, str):
-                try:
-                    val = [int(x) for x in val.replace("x", ",").split(",") if x.strip()]
-                except ValueError:
-                    raise ConfigError(name, f"expected layer sizes such as '400,300', got {val!r}") from None
+                val = parse_sizes(name, val)
             setattr(cfg, name, tuple(val) if isinstance(val, list | tuple) else val)
         return cfg
 
@@ -231,9 +232,7 @@ class RunConfig:
             raise ConfigError("env_kwargs", f"{self.env_id}: {exc}") from None
         self.obs_dim, self.act_dim, self.max_action = int(obs_dim), int(act_dim), float(max_action)
         self.max_episode_steps = int(max_steps)
-        sizes = (self.obs_dim, *self.hidden, self.act_dim)
-        # Weights and biases of each layer (equals nets.actor_param_count, without importing torch).
-        self.actor_dim = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        self.actor_dim = actor_param_count(self.obs_dim, self.act_dim, self.hidden)
         if not self.run_id:
             self.run_id = new_run_id(self.env_id, self.algo)
         if not self.created_at:
@@ -250,7 +249,19 @@ class RunConfig:
 
     @property
     def spec_hash(self) -> str:
-        """Hash of what a worker must agree on to evaluate a job: env, dims, networks, protocol."""
+        """Hash of what a worker must agree on to evaluate a job: env, dims, networks, protocol.
+
+        Cached: hashed again only when one of those fields changed (resolve() fills the dims)."""
+        key = (self.env_id, repr(self.env_kwargs), self.obs_dim, self.act_dim, self.max_action, tuple(self.hidden),
+               self.activation, tuple(self.critic_hidden), self.critic_activation)
+        cached = self.__dict__.get("_spec_hash")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        value = self._hash_spec()
+        self.__dict__["_spec_hash"] = (key, value)
+        return value
+
+    def _hash_spec(self) -> str:
         spec = {
             "protocol": 1,
             "env_id": self.env_id,
@@ -282,6 +293,17 @@ class RunConfig:
         return self.r if isinstance(self.r, str) else float(self.r)
 
 
+def parse_sizes(name: str, text: str) -> tuple[int, ...]:
+    """Layer sizes from "400,300" (or "400x300"); ConfigError naming `name` otherwise."""
+    try:
+        sizes = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(name, f"expected layer sizes such as '400,300', got {text!r}") from None
+    if not sizes:
+        raise ConfigError(name, f"expected layer sizes such as '400,300', got {text!r}")
+    return sizes
+
+
 def new_run_id(env_id: str, algo: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9]", "", env_id.split("-")[0])[:16] or "env"
     return f"{stem}-{algo}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
@@ -293,7 +315,7 @@ R_MODES = ("adaptive", "paper", "auto")
 PAPER_R: dict[str, float] = {"HalfCheetah": 2000.0, "Hopper": 600.0, "Walker2d": 800.0, "Ant": 960.0,
                              "Humanoid": 960.0, "Swimmer": 48.0, "Pendulum": 200.0}
 
-# Per-environment presets (DESIGN.md §5). Keys are env-id stems; v4 and v5 share them.
+# Per-environment presets (the paper's settings). Keys are env-id stems; v4 and v5 share them.
 _PRESETS: dict[str, dict[str, Any]] = {
     "Humanoid": {"hidden": (256, 256), "critic_hidden": (256, 256), "actor_lr": 3e-4, "critic_lr": 3e-4},
     "Swimmer": {"rl_ratio": 0.1},

@@ -13,13 +13,18 @@ import numpy as np
 
 from aesrl_queue import kernels, noise
 from aesrl_queue.fitness import FitnessScale
-from aesrl_queue.rules import MEAN_RULES, VAR_FLOOR, SuccessRule, update_ratio, variance_n
+from aesrl_queue.rules import (
+    AESRL_VAR_RULES,
+    FITNESS_MEAN_RULES,
+    MEAN_RULES,
+    VAR_FLOOR,
+    SuccessRule,
+    update_ratio,
+    variance_n,
+)
 
 DISTRIBUTIONS = ("aesrl", "opo", "acem", "cem")
-AESRL_MEAN_RULES = MEAN_RULES
-AESRL_VAR_RULES = ("fixed", "adaptive")
-# The fitness-based rules that list_variants() offers; one-plus-one mean steps belong to "opo".
-_VARIANT_MEAN_RULES = tuple(rule for rule in MEAN_RULES if rule != "one-plus-one")
+AESRL_MEAN_RULES = MEAN_RULES  # the distribution also runs one-plus-one steps (list_variants offers it as "opo")
 
 
 def _real(name: str, value: Any, *, positive: bool = False, nonnegative: bool = False) -> float:
@@ -212,12 +217,13 @@ class AesrlDistribution(AsyncDistribution):
             "var_floor": self.var_floor,
         }
 
-    # The last tell's one-pass outputs (μ', var', σ', changed, ||μ' − μ||) when the compiled
-    # kernel ran it, else None: the scheduler reuses σ' and the move instead of recomputing them.
-    last_step: kernels.StepOut | None = None
-
     def tell(self, z: Any, f_z: float, f_mu: float) -> float:
-        self.last_step = None
+        return self.tell_step(z, f_z, f_mu)[0]
+
+    def tell_step(self, z: Any, f_z: float, f_mu: float) -> tuple[float, kernels.StepOut | None]:
+        """`tell`, also returning the compiled kernel's one-pass outputs (μ', var', σ', changed,
+        ||μ' − μ||) when it ran the step, else None: the optimizer hands σ' and the move on to the
+        scheduler instead of having them computed a second time."""
         fn = kernels.compiled()
         plain = kernels.plain_vector(z, self.dim) if fn is not None else None
         if plain is None:
@@ -230,25 +236,24 @@ class AesrlDistribution(AsyncDistribution):
             r_now = self.scale.update(f_z, f_mu)
             self.r = self.scale.r
             if r_now is None:  # too few gaps to know their spread: recorded, μ stays
-                return 0.0
+                return 0.0, None
         # one-plus-one ignores r; pass a harmless placeholder rather than None.
         r = 1.0 if self.r is None else self.r
         p = update_ratio(self.mean_rule, f_z, f_mu, r, self.negative_ratio)
         if p == 0.0:
             if plain is not None and self.scale is None and not np.all(np.isfinite(z)):
                 raise ValueError("z must be finite (and within float32 range)")
-            return p
+            return p, None
         n = variance_n(self.var_rule, p, self.fixed_n)
         if fn is not None:
             step = kernels.aesrl_step(self.mean, self.var, z, p, n, self.var_floor, fn)
             if step.changed:
                 self.mean, self.var = step.mean, step.var
                 self.version += 1
-            self.last_step = step
-            return p
+            return p, step
         mean, var = _aesrl_step(self.mean, self.var, z, p, n, self.var_floor)
         self._commit(mean, var)
-        return p
+        return p, None
 
     def state(self, arrays: bool = True) -> dict[str, Any]:
         out = super().state(arrays)
@@ -562,7 +567,7 @@ def make_distribution(name: str, mu: Any, **params: Any) -> Distribution:
 
 def list_variants() -> list[str]:
     """The selectable asynchronous variants: "aesrl:<mean rule>/<var rule>", "opo", "acem"."""
-    aesrl = [f"aesrl:{m}/{v}" for m in _VARIANT_MEAN_RULES for v in AESRL_VAR_RULES]
+    aesrl = [f"aesrl:{m}/{v}" for m in FITNESS_MEAN_RULES for v in AESRL_VAR_RULES]
     return [*aesrl, "opo", "acem"]
 
 

@@ -1,6 +1,6 @@
 """Fused loops for the scheduler's per-result update, compiled with numba when it is installed.
 
-The AES-RL step (DESIGN.md §2) written as numpy expressions makes about twenty passes over
+The AES-RL step (docs/algorithms.md) written as numpy expressions makes about twenty passes over
 vectors of the actor's size; at 129k parameters that is ~1.5 ms per result inside the scheduler,
 where other work has pushed the arrays out of cache between results. One compiled loop reads
 μ, var and z once and writes μ', var' and σ' = sqrt(var') once: ~0.2 ms.

@@ -5,6 +5,7 @@ The flat float32 layout here (parameters() order, row-major weights) is the one 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# The torch-free parts live in numpy_actor (workers of ES-only runs never import torch);
-# re-exported here so that every existing import keeps working.
+# The torch-free parts live in numpy_actor (workers of ES-only runs never import torch); the
+# dependency goes one way only: numpy_actor knows nothing of this module.
+from aesrl_queue import numpy_actor
 from aesrl_queue.numpy_actor import (  # noqa: F401
     ACTIVATIONS,
     LEAKY_SLOPE,
-    NetSpec,
     NumpyActor,
     _check_activation,
     _check_hidden,
@@ -158,3 +159,17 @@ def init_actor_params(
         torch.manual_seed(int(seed))
         actor = Actor(obs_dim, act_dim, max_action, hidden, activation)
     return get_flat(actor)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetSpec(numpy_actor.NetSpec):
+    """The run's network spec with the torch builders (the actor, the twin critic, μ₀)."""
+
+    def make_actor(self, device: str | torch.device = "cpu") -> Actor:
+        return Actor(self.obs_dim, self.act_dim, self.max_action, self.hidden, self.activation).to(device)
+
+    def make_critic(self, device: str | torch.device = "cpu") -> Critic:
+        return Critic(self.obs_dim, self.act_dim, self.critic_hidden, self.critic_activation).to(device)
+
+    def init_actor_params(self, seed: int) -> np.ndarray:
+        return init_actor_params(self.obs_dim, self.act_dim, self.max_action, self.hidden, self.activation, seed)

@@ -8,14 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import torch
-
-    from aesrl_queue.nets import Actor, Critic
 
 ACTIVATIONS = ("tanh", "relu", "leaky_relu")
 
@@ -172,7 +166,8 @@ class NumpyActor:
 
 @dataclasses.dataclass(frozen=True)
 class NetSpec:
-    """Everything needed to build a run's actor, critic and numpy actor."""
+    """Everything needed to build a run's nets: the numpy actor here, the torch actor and critic
+    through aesrl_queue.nets (`nets.NetSpec` is this spec with those builders)."""
 
     obs_dim: int
     act_dim: int
@@ -208,20 +203,5 @@ class NetSpec:
     def actor_dim(self) -> int:
         return actor_param_count(self.obs_dim, self.act_dim, self.hidden)
 
-    def make_actor(self, device: str | torch.device = "cpu") -> Actor:
-        from aesrl_queue.nets import Actor
-
-        return Actor(self.obs_dim, self.act_dim, self.max_action, self.hidden, self.activation).to(device)
-
-    def make_critic(self, device: str | torch.device = "cpu") -> Critic:
-        from aesrl_queue.nets import Critic
-
-        return Critic(self.obs_dim, self.act_dim, self.critic_hidden, self.critic_activation).to(device)
-
     def make_numpy_actor(self) -> NumpyActor:
         return NumpyActor(self.obs_dim, self.act_dim, self.max_action, self.hidden, self.activation)
-
-    def init_actor_params(self, seed: int) -> np.ndarray:
-        from aesrl_queue.nets import init_actor_params
-
-        return init_actor_params(self.obs_dim, self.act_dim, self.max_action, self.hidden, self.activation, seed)

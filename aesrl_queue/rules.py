@@ -10,8 +10,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
+# Every rule `update_ratio` and `variance_n` know (the one source of these names).
 MEAN_RULES = ("one-plus-one", "fixed-linear", "fixed-sigmoid", "baseline-absolute", "baseline-relative")
 VAR_RULES = ("fixed", "adaptive", "success-rule")
+# The ones a run of --algo aesrl/es selects: one-plus-one and the success rule are --algo opo.
+FITNESS_MEAN_RULES = tuple(rule for rule in MEAN_RULES if rule != "one-plus-one")
+AESRL_VAR_RULES = ("fixed", "adaptive")
 
 # Below this p the step is too small to say anything about the spread (official code: n = 0).
 P_MIN_VAR_UPDATE = 1e-3
@@ -47,7 +51,7 @@ def _sigmoid(x: float) -> float:
 
 
 def update_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: float = 0.0) -> float:
-    """The mean's update ratio p of `rule` (DESIGN.md §5); μ_new = (1 − p)·μ + p·z.
+    """The mean's update ratio p of `rule` (docs/algorithms.md); μ_new = (1 − p)·μ + p·z.
 
     `r` is the fitness scale (for `baseline-absolute` the baseline is b = −r); `one-plus-one` ignores
     it. `p` is in [0, 1] for every rule except `fixed-linear` with `negative_ratio` > 0, where a worse

@@ -1,4 +1,4 @@
-"""The Redis schema of one run (DESIGN.md §3) behind named operations.
+"""The Redis schema (docs/architecture.md) behind named operations, and every Lua script.
 
 Every key of a run lives under `aesrl:{run_id}:` and has a lifetime or a bound. The scheduler is
 the only writer of μ/var and of the state it owns; workers append episodes and results; the
@@ -7,9 +7,11 @@ critic daemon publishes weights. Every reader validates what it reads.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,29 @@ res[#res + 1] = steps
 res[#res + 1] = 'interactions'
 res[#res + 1] = inter
 return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', unpack(res))
+"""
+
+
+# A worker starts a job: atomically check the job is still wanted, read the current μ/var, and record
+# which version this job uses, so the scheduler keeps that version until the result is in. With
+# ARGV[4] = 'v' (a worker that reads from a replica) it returns the version and the critic's version
+# instead of the blobs: the primary decides which version the job uses, the replica only serves its
+# bytes. KEYS: state, inflight, started, refs. ARGV: job, started info, run prefix[, 'v'].
+_START_JOB = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return false end
+local v = redis.call('HGET', KEYS[1], 'version')
+if not v then return false end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[1], v)
+if ARGV[4] == 'v' then return {v, redis.call('HGET', ARGV[3] .. 'critic', 'version')} end
+local d = redis.call('HMGET', ARGV[3] .. 'dist:' .. v, 'mu', 'var')
+return {v, d[1], d[2]}
+"""
+# Read-only: the current version and its μ (for the evaluation of the mean). KEYS: state. ARGV: prefix.
+_READ_MU = """
+local v = redis.call('HGET', KEYS[1], 'version')
+if not v then return false end
+return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
 """
 
 
@@ -183,6 +208,8 @@ class Store:
         self._config: RunConfig | None = None
         self._store_episode = client.register_script(_STORE_EPISODE)
         self._finish_job = client.register_script(_FINISH_JOB)
+        self._start_job = client.register_script(_START_JOB)
+        self._read_mu = client.register_script(_READ_MU)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -272,24 +299,33 @@ class Store:
         mu, var = (client or self.r).hmget(self.key(f"dist:{version}"), ["mu", "var"])
         if mu is None or var is None:
             raise CodecError(f"distribution version {version} of run {self.run_id} is not in Redis (expired?)")
-        mu = codec.decode_array(mu, size=dim, what=f"dist:{version} mu")
-        var = codec.decode_array(var, size=dim, what=f"dist:{version} var")
+        mu, var = self.decode_dist(version, mu, var, dim)
         if np.any(var <= 0):
             raise CodecError(f"dist:{version} var holds non-positive values")
         return mu, var
+
+    def decode_dist(self, version: int, mu: bytes, var: bytes, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """μ and var from the raw blobs of dist:{version} (as a job's start script returns them)."""
+        dim = self.config().actor_dim if dim is None else dim
+        return (codec.decode_array(mu, size=dim, what=f"dist:{version} mu"),
+                codec.decode_array(var, size=dim, what=f"dist:{version} var"))
 
     def current_version(self, client: redis.Redis | None = None) -> int:
         value = (client or self.r).hget(self.key("state"), "version")
         return int(_text(value)) if value is not None else 0
 
-    def expire_dists(self, versions: list[int], ttl: int = 30) -> None:
+    def expire_dists(self, versions: list[int], ttl: int = 30, pipe=None) -> None:
         """Give superseded versions a short TTL (a job that just read one still finishes)."""
         if not versions:
             return
-        pipe = self.r.pipeline(transaction=False)
+        p = pipe if pipe is not None else self.r.pipeline(transaction=False)
         for v in versions:
-            pipe.expire(self.key(f"dist:{v}"), ttl)
-        pipe.execute()
+            p.expire(self.key(f"dist:{v}"), ttl)
+        if pipe is None:
+            p.execute()
+
+    def has_dist(self, version: int) -> bool:
+        return bool(self.r.exists(self.key(f"dist:{version}")))
 
     # -- in-flight jobs ---------------------------------------------------------------------------
     def add_inflight(self, job: str, info: dict[str, Any], pipe=None) -> None:
@@ -331,6 +367,32 @@ class Store:
         if pipe is None:
             p.execute()
 
+    # -- a worker's side of the job protocol -------------------------------------------------------
+    def start_job(self, job: str, info: bytes, versions_only: bool = False) -> list | None:
+        """Register `job` as started on the primary: [version, μ blob, var blob], or with
+        `versions_only` [version, critic version] (the blobs then come from a replica); None if the
+        job is no longer wanted."""
+        keys = [self.key("state"), self.key("inflight"), self.key("started"), self.key("refs")]
+        args = [job, info, self.prefix, *(["v"] if versions_only else [])]
+        return self._start_job(keys=keys, args=args) or None
+
+    def read_current_mu(self, client: redis.Redis | None = None) -> list | None:
+        """[current version, its μ blob] in one atomic read (on `client`, e.g. a replica)."""
+        return self._read_mu(keys=[self.key("state")], args=[self.prefix], client=client or self.r) or None
+
+    def dist_blobs(self, version: int, client: redis.Redis | None = None) -> tuple[bytes, bytes] | None:
+        """The raw μ and var blobs of dist:{version} (immutable once written), None if absent."""
+        mu, var = (client or self.r).hmget(self.key(f"dist:{version}"), ["mu", "var"])
+        return None if mu is None or var is None else (mu, var)
+
+    def config_blob(self, client: redis.Redis | None = None) -> bytes | None:
+        return (client or self.r).get(self.key("config"))
+
+    def critic_blob(self, client: redis.Redis | None = None) -> tuple[int, bytes] | None:
+        """(version, raw weights blob) of the published critic, None if there is none."""
+        version, blob = (client or self.r).hmget(self.key("critic"), ["version", "weights"])
+        return None if version is None or blob is None else (int(_text(version)), blob)
+
     # -- replay ---------------------------------------------------------------------------------
     def _episode_args(self, transitions: dict[str, np.ndarray], job: str) -> tuple[int, list[Any]]:
         n = int(transitions["rew"].shape[0])
@@ -360,15 +422,18 @@ class Store:
         )
         return _text(entry)
 
-    def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0) -> str:
-        """Store one episode's transitions; counts `steps` and trims old episodes, atomically."""
+    def append_episode(self, transitions: dict[str, np.ndarray], job: str, extra_interactions: int = 0,
+                       pipe=None) -> str | None:
+        """Store one episode's transitions; counts `steps` and trims old episodes, atomically.
+
+        Returns the entry id, or None when queued on `pipe` (its reply carries the id)."""
         cfg = self.config()
         n, fields = self._episode_args(transitions, job)
         entry = self._store_episode(
             keys=[self.key("replay"), self.key("state"), self.key("replay:index")],
-            args=[cfg.replay_capacity, n, extra_interactions, *fields],
+            args=[cfg.replay_capacity, n, extra_interactions, *fields], client=pipe,
         )
-        return _text(entry)
+        return None if pipe is not None else _text(entry)
 
     def decode_episode(self, entry_id: Any, fields: dict, obs_only: bool = False) -> dict[str, np.ndarray]:
         cfg = self.config()
@@ -447,6 +512,69 @@ class Store:
         blob = self.r.get(self.key("critic:ckpt"))
         return None if blob is None else codec.unpack(blob, what="critic checkpoint")
 
+    def save_td3_ckpt(self, payload: dict[str, Any], pipe=None) -> None:
+        """The TD3 baseline's networks, optimizers and counters (its replay is the `replay` stream)."""
+        (pipe or self.r).set(self.key("td3:ckpt"), codec.pack(payload))
+
+    def load_td3_ckpt(self) -> dict[str, Any] | None:
+        blob = self.r.get(self.key("td3:ckpt"))
+        return None if blob is None else codec.unpack(blob, what="td3 checkpoint")
+
+    # -- the optimizer's state and what the scheduler keeps beside it ------------------------------
+    def save_optimizer(self, state: dict[str, Any], pipe=None) -> None:
+        """The optimizer's plain-data state (without μ/var, which live in dist:{version})."""
+        (pipe or self.r).set(self.key("optimizer"), codec.pack(state))
+
+    def load_optimizer(self) -> dict[str, Any] | None:
+        blob = self.r.get(self.key("optimizer"))
+        return None if blob is None else codec.unpack(blob, what="optimizer state")
+
+    def dist_versions(self) -> list[int]:
+        """Every dist:{version} still in Redis."""
+        out = []
+        for key in self.r.scan_iter(match=self.key("dist:*"), count=1000):
+            tail = _text(key).rsplit(":", 1)[1]
+            if tail.isdigit():
+                out.append(int(tail))
+        return out
+
+    def delete_dists(self, versions: list[int], pipe=None) -> None:
+        if versions:
+            (pipe or self.r).delete(*(self.key(f"dist:{v}") for v in versions))
+
+    def read_refs(self, pipe) -> None:
+        """Queue an HVALS of `refs` (the version each started job uses) on `pipe`."""
+        pipe.hvals(self.key("refs"))
+
+    def append_history(self, entry: dict[str, Any], pipe=None) -> None:
+        (pipe or self.r).xadd(self.key("history"), {"d": codec.pack(entry)}, maxlen=self.config().history_max)
+
+    def keep_best(self, best: dict[str, Any], pipe=None) -> None:
+        """The best non-random individual so far (for `aesrl-queue export --which best`)."""
+        fields = {k: v for k, v in best.items() if k != "params"}
+        (pipe or self.r).hset(self.key("best"), mapping={"params": codec.encode_array(best["params"]),
+                                                          **{k: _fmt(v) for k, v in fields.items()}})
+
+    def best_raw(self) -> dict[bytes, bytes]:
+        """The `best` hash as stored (params encoded; empty when the run kept none)."""
+        return self.r.hgetall(self.key("best"))
+
+    def inflight_count(self) -> int:
+        return int(self.r.hlen(self.key("inflight")))
+
+    def clear_state_fields(self, *names: str) -> None:
+        if names:
+            self.r.hdel(self.key("state"), *names)
+
+    def best_fitness(self) -> float:
+        value = self.r.hget(self.key("best"), "fitness")
+        return float(_text(value)) if value is not None else -math.inf
+
+    def counters(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Integer state fields in one read (absent fields are 0)."""
+        return {n: int(_text(v)) if v is not None else 0
+                for n, v in zip(names, self.r.hmget(self.key("state"), list(names)), strict=True)}
+
     # -- history and runs -------------------------------------------------------------------------
     def history(self, count: int | None = None, after: str = "-") -> list[tuple[str, dict[str, Any]]]:
         rows = self.r.xrange(self.key("history"), min=after, count=count)
@@ -474,6 +602,22 @@ class Store:
         n = self.r.delete(*keys) if keys else 0
         self.r.zrem(RUNS_KEY, self.run_id)
         return n
+
+
+def rq_job_status(pipe, job: str) -> None:
+    """Queue a read of RQ's own status of `job` (its `rq:job:{id}` hash) on `pipe`."""
+    pipe.hget(f"rq:job:{job}", "status")
+
+
+def rq_failure_text(client: redis.Redis, job: str) -> str:
+    """The exception text RQ stored for a failed job (its latest result), read without RQ's
+    serializer: only the plain, compressed exc_string field is decoded."""
+    try:
+        entries = client.xrevrange(f"rq:results:{job}", count=1)
+        raw = entries[0][1].get(b"exc_string") if entries else None
+        return zlib.decompress(base64.b64decode(raw)).decode(errors="replace") if raw else "RQ marked it failed"
+    except (redis.RedisError, ValueError, zlib.error, IndexError) as exc:
+        return f"RQ marked it failed (its error is unreadable: {exc})"
 
 
 def list_runs(client: redis.Redis) -> list[tuple[str, float]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -320,3 +321,24 @@ class ReplayBuffer:
         """n states as a float32 numpy array (for train_actor's sample_obs)."""
         idx = self._indices(n, generator)
         return self._data["obs"].index_select(0, idx).cpu().numpy()
+
+
+def to_numpy(obj: Any) -> Any:
+    """Tensors to numpy arrays, recursively (optimizer state → msgpack-able)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, dict):
+        return {k: to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_numpy(v) for v in obj]
+    return obj
+
+
+def to_tensors(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj)).to(device)
+    if isinstance(obj, dict):
+        return {k: to_tensors(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_tensors(v, device) for v in obj]
+    return obj

@@ -70,15 +70,10 @@ def make_cfg(algo: str, sigma: float, mean_s: float, evals: int, seed: int) -> R
 def run_one(client: redis.Redis, blocking: redis.Redis, cfg: RunConfig, n_workers: int,
             timeout: float) -> dict[str, Any]:
     """Run one scheduler to its budget in a thread; measure from its start to its last result."""
-    from scheduler.loop import ASYNC_ALGOS, AsyncScheduler
+    from scheduler.loop import Scheduler
 
     stop = threading.Event()
-    if cfg.algo in ASYNC_ALGOS:
-        sched = AsyncScheduler(client, blocking, cfg, stop_event=stop, drain_timeout=timeout)
-    else:
-        from scheduler.sync import make_sync_scheduler
-
-        sched = make_sync_scheduler(client, blocking, cfg, stop_event=stop)
+    sched = Scheduler(client, blocking, cfg, stop_event=stop, drain_timeout=timeout)
     box: dict[str, Any] = {}
 
     def target() -> None:

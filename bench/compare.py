@@ -72,8 +72,7 @@ def _scheduler_main(url: str, cfg_dict: dict[str, Any], log_path: str) -> None:
 
     import torch
 
-    from scheduler.loop import ASYNC_ALGOS, AsyncScheduler, install_signal_handlers
-    from scheduler.sync import make_sync_scheduler
+    from scheduler.loop import install_signal_handlers, make_scheduler
 
     torch.set_num_threads(1)
     _child_logging(Path(log_path))
@@ -81,11 +80,7 @@ def _scheduler_main(url: str, cfg_dict: dict[str, Any], log_path: str) -> None:
     stop = threading.Event()
     install_signal_handlers(stop)
     client, blocking = connect(url), connect(url, blocking=True)
-    if cfg.algo in ASYNC_ALGOS:
-        sched = AsyncScheduler(client, blocking, cfg, stop_event=stop)
-    else:
-        sched = make_sync_scheduler(client, blocking, cfg, stop_event=stop)
-    status = sched.run()
+    status = make_scheduler(client, blocking, cfg, stop_event=stop).run()
     sys.exit(0 if status == "finished" else 1)
 
 
@@ -122,7 +117,7 @@ def f_at(series: list[tuple[int, float, float]], *, steps: float | None = None, 
 
 
 def one_run(url: str, algo: str, seed: int, mode: dict[str, Any], steps: int, wall: float, log_dir: Path) -> dict:
-    from scheduler.sync import needs_critic_daemon
+    from aesrl_queue.optimizers import needs_critic_daemon
 
     ctx = mp.get_context("fork")
     run_id = f"cmp-{algo}-s{seed}-{uuid.uuid4().hex[:6]}"

@@ -1,6 +1,6 @@
 """Queue overhead of aesrl-queue against raw RQ, measured on one private Redis in one run.
 
-No-op jobs/s (SimpleWorker, AesrlWorker), end-to-end results/s of a real AsyncScheduler run, the
+No-op jobs/s (SimpleWorker, AesrlWorker), end-to-end results/s of a real Scheduler run, the
 scheduler's time per applied result by part, and the bytes each job moves. Table + bench/results/overhead.json.
 
 Usage: python bench/overhead.py [--quick] [--workers W] [--out PATH]
@@ -255,9 +255,9 @@ def wait_workers(client: redis.Redis, n: int, kids: Children, names: list[str], 
 
 def bench_e2e(client: redis.Redis, blocking: redis.Redis, url: str, kids: Children, steps: int,
               n_workers: int) -> dict[str, Any]:
-    """A real AsyncScheduler (in a thread of this process) with W `rq worker -w workers.AesrlWorker` children."""
+    """A real Scheduler (in a thread of this process) with W `rq worker -w workers.AesrlWorker` children."""
     from cli.main import worker_command
-    from scheduler.loop import AsyncScheduler
+    from scheduler.loop import Scheduler
 
     cfg = RunConfig.from_preset("AesrlNull-v0", algo="es", rl_ratio=0.0, total_steps=steps, hidden=(8, 8),
                                 env_kwargs={"episode_len": 1}, mean_eval_episodes=1,
@@ -268,7 +268,7 @@ def bench_e2e(client: redis.Redis, blocking: redis.Redis, url: str, kids: Childr
     try:
         wait_workers(client, n_workers, kids, names)
         stop = threading.Event()
-        sched = AsyncScheduler(client, blocking, cfg, stop_event=stop, drain_timeout=30.0)
+        sched = Scheduler(client, blocking, cfg, stop_event=stop, drain_timeout=30.0)
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -398,11 +398,11 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
                 n_breakdown: int, warm: int) -> dict[str, Any]:
     from aesrl_queue import kernels, noise
     from scheduler.common import job_seed
-    from scheduler.loop import AsyncScheduler
+    from scheduler.loop import Scheduler
 
     cfg = RunConfig.from_preset("HalfCheetah-v5", algo="es", rl_ratio=0.0, hidden=hidden,
                                 run_id=f"bench-apply-{label}-{uuid.uuid4().hex[:6]}").resolve()
-    sched = AsyncScheduler(client, blocking, cfg)
+    sched = Scheduler(client, blocking, cfg)
     sched.setup()
     store, dim = sched.store, cfg.actor_dim
     rng = np.random.default_rng(0)
@@ -428,7 +428,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
             timer.active = True
         c = time.thread_time()
         t = time.perf_counter()
-        sched._apply(entry_id, res, err)
+        sched.apply([(entry_id, res, err)], refill=False)
         dt = time.perf_counter() - t
         cpu_times.append(time.thread_time() - c)
         if timer is not None:
@@ -447,7 +447,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
 
     timer = PartTimer()
     timer.wrap(sched.dispatch, "individual", "rebuild")
-    timer.wrap(sched.dist, "tell", "tell")
+    timer.wrap(sched.opt.dist, "tell_step", "tell")
     timer.wrap(sched.store, "publish_dist", "encode")
     timer.wrap(client, "hmget", "hmget")
     timer.wrap_pipeline(sched.r_once, "exec")  # the apply's MULTI/EXEC goes through the no-retry client
@@ -462,7 +462,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
             parts[p].append(timer.acc.get(p, 0.0) * 1e3)
     del client.hmget, sched.r_once.pipeline  # back to the class methods
 
-    mu, var = sched.dist.mean, sched.dist.var
+    mu, var = sched.opt.mean, sched.opt.var
     t = time.perf_counter()
     reps = max(3, n_breakdown // 4)
     for i in range(reps):
@@ -582,7 +582,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       f"(SimpleWorker, AesrlWorker)", flush=True)
                 simples.append(bench_noop(client, server.url, kids, "rq.worker.SimpleWorker", f"simple{rep}", n_jobs, w))
                 aesrls.append(bench_noop(client, server.url, kids, "workers.AesrlWorker", f"aesrl{rep}", n_jobs, w))
-                print(f"[1/3] rep {rep + 1}/{reps}: end to end, AsyncScheduler on AesrlNull-v0 episode_len=1, "
+                print(f"[1/3] rep {rep + 1}/{reps}: end to end, Scheduler on AesrlNull-v0 episode_len=1, "
                       f"{steps} steps, {w} AesrlWorkers", flush=True)
                 e = bench_e2e(client, blocking, server.url, kids, steps, w)
                 # Job hashes live result_ttl (60 s): measure the sample now.
@@ -734,7 +734,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "and in the same round trip as the idle state (SimpleWorker: HSET + 2 EXPIRE, one round trip each, "
         "three times per job): 10 round trips per no-op job instead of 21. The issue's reference is raw "
         "SimpleWorker; the row 'vs AesrlWorker no-op' is the cost of the scheduler and the job protocol alone.",
-        f"the scheduler runs in a thread of this process (AsyncScheduler.run), workers are "
+        f"the scheduler runs in a thread of this process (Scheduler.run), workers are "
         f"`{' '.join(['rq', 'worker', '-w', 'workers.AesrlWorker', '-u', 'URL', 'aesrl-rl', 'aesrl-es'])}`; "
         f"with {w} workers and queued_per_worker=1 there are {2 * w} jobs in flight.",
         "apply: one ES job in flight at a time; every result has p ≈ 0.5 (fitness near f(μ), r = 2000) so μ "

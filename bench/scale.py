@@ -133,9 +133,9 @@ def _rl_reads(ctx) -> None:
     version = store.critic_version() if reader is None else ctx.critic_named
     if version != ctx.critic_version:
         if reader is None:
-            store.r.hmget(store.key("critic"), ["version", "weights"])
+            store.critic_blob()
         else:
-            reader.critic(store.prefix, at_least=version)
+            reader.critic(store, at_least=version)
         ctx.critic_version = version
     while True:
         if reader is None:

@@ -259,7 +259,7 @@ def echo(message: str = "", err: bool = False) -> bool:
 
 def read_best(store: Store) -> dict[str, Any] | None:
     """The best individual the scheduler kept (`best` hash), or None when there is none."""
-    raw = store.r.hgetall(store.key("best"))
+    raw = store.best_raw()
     if not raw or b"params" not in raw:
         return None
     try:
@@ -369,7 +369,7 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
     `resume(store) -> (cfg, notes)` resumes the run in `run_dir` (cfg None): its embedded Redis
     loads the AOF there, or `redis_url` holds the run. It raises Refused to stop without a trace.
     """
-    from scheduler.sync import needs_critic_daemon, needs_workers
+    from aesrl_queue.optimizers import needs_critic_daemon, needs_workers
 
     run_dir = Path(run_dir) if run_dir is not None else Path(out_dir) / cfg.run_id
     _received.clear()
@@ -397,7 +397,7 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
                 echo(f"resume: {note}", err=True)
             if cfg.total_steps != store.config().total_steps:
                 store.replace_config(cfg)
-            client.hdel(store.key("state"), "finished_at")
+            store.clear_state_fields("finished_at")
             if store.status() in ("finished", "stopped", "failed"):
                 store.set_status("created")  # until its scheduler runs again
             echo(f"resuming run {cfg.run_id} at {store.state()['steps']:,} of {cfg.total_steps:,} steps", err=True)

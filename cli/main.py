@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from aesrl_queue.codec import CodecError
-from aesrl_queue.config import ALGOS, MEAN_RULES, R_MODES, VAR_RULES, ConfigError, RunConfig
+from aesrl_queue.config import ALGOS, MEAN_RULES, R_MODES, VAR_RULES, ConfigError, RunConfig, parse_sizes
 from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact
 from cli.resume import ResumeError, check_resume, given_options
 
@@ -104,9 +104,9 @@ def build_config(env_id, config_file, **kw) -> RunConfig:
     for name in ("hidden", "critic_hidden"):
         if kw.get(name) is not None:
             try:
-                kw[name] = tuple(int(x) for x in kw[name].replace("x", ",").split(",") if x.strip())
-            except ValueError:
-                fail(f"{name}: expected comma-separated layer sizes such as 400,300, got {kw[name]!r}")
+                kw[name] = parse_sizes(name, kw[name])
+            except ConfigError as exc:
+                fail(str(exc))
     if kw.get("env_kwargs") is not None:
         try:
             kw["env_kwargs"] = json.loads(kw["env_kwargs"])
@@ -159,7 +159,7 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
     An existing run id is never started over silently: --run/--resume continue it, --force deletes it.
     """
     from aesrl_queue.store import Store
-    from scheduler.loop import ASYNC_ALGOS, AsyncScheduler, install_signal_handlers
+    from scheduler.loop import install_signal_handlers, make_scheduler
 
     if run and force:
         fail("force: --run resumes a run, --force deletes one; pass one of them")
@@ -194,14 +194,7 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
     stop = threading.Event()
     install_signal_handlers(stop)
     blocking = _connect(redis_url, blocking=True)
-    if cfg.algo in ASYNC_ALGOS:
-        sched = AsyncScheduler(client, blocking, cfg, stop_event=stop)
-    else:
-        try:
-            from scheduler.sync import make_sync_scheduler
-        except ImportError:
-            fail(f"algo: {cfg.algo!r} is not available in this version; use one of {', '.join(ASYNC_ALGOS)}")
-        sched = make_sync_scheduler(client, blocking, cfg, stop_event=stop)
+    sched = make_scheduler(client, blocking, cfg, stop_event=stop)
     click.echo(f"run {cfg.run_id}: scheduler started ({cfg.algo}, {cfg.env_id}, {cfg.actor_dim} parameters)", err=True)
     metrics = _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project)
     try:

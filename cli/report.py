@@ -54,7 +54,7 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         "critic_steps_per_s": st.get("critic_steps_per_s", 0.0), "critic_loss": st.get("critic_loss", math.nan),
         "critic_device": st.get("critic_device", ""),
         "critic_age": now - st["critic_updated_at"] if st.get("critic_updated_at") else None,
-        "inflight": client.hlen(store.key("inflight")),
+        "inflight": store.inflight_count(),
         "started_at": st.get("started_at", 0.0),
         "elapsed": ((st.get("finished_at") or now) - st["started_at"]) if st.get("started_at") else 0.0,
         "last_p_rl": st.get("last_p_rl", math.nan), "last_p_es": st.get("last_p_es", math.nan),

@@ -5,13 +5,10 @@ The asynchronous loop and the synchronous baselines differ only in when they ask
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import math
 import re
 import time
-import zlib
 from collections import deque
 from typing import Any
 
@@ -20,20 +17,25 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from aesrl_queue import codec, kernels, noise
+from aesrl_queue import kernels, noise
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
-from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_TTL, Result, Store, decode_result, live_workers
+from aesrl_queue.optimizers.base import finite, job_id, job_seed  # noqa: F401  (job_seed: re-exported)
+from aesrl_queue.store import (
+    QUEUE_ES,
+    QUEUE_RL,
+    WORKER_TTL,
+    Result,
+    Store,
+    decode_result,
+    live_workers,
+    rq_failure_text,
+    rq_job_status,
+)
 
 log = logging.getLogger(__name__)
 
 JOB_FUNCTION = "workers.jobs.evaluate"  # by name only: the scheduler never imports worker code
-
-
-def job_seed(run_seed: int, n: int) -> int:
-    """The seed of the n-th job of a run: fixed by (run seed, n), so a restart re-derives it."""
-    digest = hashlib.sha256(f"{run_seed}:{n}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 PLAIN_WORKER_HINT = "plain rq worker: use -w workers.AesrlWorker"
@@ -157,20 +159,20 @@ class Dispatcher:
         by_queue: dict[str, list] = {"rl": [], "es": []}
         ids = []
         for spec in specs:
-            job_id = f"{cfg.run_id}-j{spec['n']}"
-            ids.append(job_id)
+            jid = job_id(cfg.run_id, spec["n"])
+            ids.append(jid)
             info = {"kind": spec["kind"], "version": int(spec["version"]), "seed": int(spec["seed"]),
                     "n": int(spec["n"]), "enqueued_at": now, "rl_steps": int(spec.get("rl_steps", 0)),
                     "random": bool(spec.get("random", False))}
             info.update(spec.get("extra", {}))
-            self.store.add_inflight(job_id, info, pipe=pipe)
-            self.inflight[job_id] = info
-            kwargs = {"run": cfg.run_id, "job": job_id, "kind": spec["kind"], "version": int(spec["version"]),
+            self.store.add_inflight(jid, info, pipe=pipe)
+            self.inflight[jid] = info
+            kwargs = {"run": cfg.run_id, "job": jid, "kind": spec["kind"], "version": int(spec["version"]),
                       "seed": int(spec["seed"]), "spec_hash": self.spec_hash,
                       "rl_steps": int(spec.get("rl_steps", 0)), "random_actions": bool(spec.get("random", False))}
             by_queue[spec["kind"]].append(Queue.prepare_data(
                 JOB_FUNCTION, kwargs=kwargs, timeout=cfg.job_timeout, result_ttl=cfg.result_ttl,
-                failure_ttl=cfg.failure_ttl, ttl=cfg.job_timeout * 4, job_id=job_id,
+                failure_ttl=cfg.failure_ttl, ttl=cfg.job_timeout * 4, job_id=jid,
                 description=f"{cfg.run_id} {spec['kind']} #{spec['n']}",
             ))
         for kind, datas in by_queue.items():
@@ -182,9 +184,9 @@ class Dispatcher:
             self.store.incr(name, amount, pipe=pipe)
         if own:
             pipe.execute()
-        for job_id, spec in zip(ids, specs, strict=True):
+        for jid, spec in zip(ids, specs, strict=True):
             if spec["kind"] == "es":
-                self.noise_ahead.submit(job_id, int(spec["seed"]))
+                self.noise_ahead.submit(jid, int(spec["seed"]))
         return ids
 
     # -- results ---------------------------------------------------------------------------------
@@ -259,7 +261,7 @@ class Dispatcher:
         if unstarted:
             pipe = self.r.pipeline(transaction=False)
             for job in unstarted:
-                pipe.hget(f"rq:job:{job}", "status")
+                rq_job_status(pipe, job)
                 queue = self.queues.get(self.inflight[job].get("kind", "es"), self.queues["es"])
                 pipe.lpos(queue.key, job)
             replies = pipe.execute()
@@ -296,17 +298,6 @@ class Dispatcher:
     def forget(self, jobs: list[str], pipe=None) -> None:
         self.release(jobs)
         self.store.forget_jobs(jobs, pipe=pipe)
-
-
-def rq_failure_text(client: redis.Redis, job: str) -> str:
-    """The exception text RQ stored for a failed job (its latest result), read without RQ's
-    serializer: only the plain, compressed exc_string field is decoded."""
-    try:
-        entries = client.xrevrange(f"rq:results:{job}", count=1)
-        raw = entries[0][1].get(b"exc_string") if entries else None
-        return zlib.decompress(base64.b64decode(raw)).decode(errors="replace") if raw else "RQ marked it failed"
-    except (redis.RedisError, ValueError, zlib.error, IndexError) as exc:
-        return f"RQ marked it failed (its error is unreadable: {exc})"
 
 
 class DistCache:
@@ -409,12 +400,3 @@ class NoiseAhead:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._futures.clear()
-
-
-def finite(x: float) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
-def pack_dist_state(state: dict[str, Any]) -> bytes:
-    """The distribution's own state without μ/var (those live in dist:{version})."""
-    return codec.pack({k: v for k, v in state.items() if k not in ("mean", "var", "mu")})

@@ -3,7 +3,7 @@ after the random start steps, with the networks and update step of aesrl_queue.t
 
 It writes the run's keys like the other loops — episodes to `replay` (which counts `steps`),
 `state`, and one `history` entry per episode with f(μ) = the deterministic actor's return — so
-`aesrl-queue status`, `runs` and the run folder work unchanged.
+`aesrl-queue status`, `runs` and the run folder work unchanged. `scheduler start --run` resumes it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch
 import aesrl_queue.envs  # noqa: F401  (registers the Aesrl* test environments)
 from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
-from aesrl_queue.nets import NetSpec
+from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.rollout import run_episodes
 from aesrl_queue.store import Store
-from aesrl_queue.td3 import ReplayBuffer, TD3Agent
+from aesrl_queue.td3 import ReplayBuffer, TD3Agent, to_numpy, to_tensors
 
 log = logging.getLogger(__name__)
 
@@ -32,64 +32,111 @@ POLICY_FREQ = 2  # TD3's delayed actor/target updates (every second critic step)
 
 
 class TD3Baseline:
-    """One TD3 run: `run()` returns "finished", "stopped" or "failed"."""
+    """One TD3 run: `run()` returns "finished", "stopped" or "failed". Resumable like the critic daemon:
+    its networks, optimizers and counters are checkpointed to `td3:ckpt` (every `checkpoint_every`
+    seconds at an episode's end, and when it stops); its replay is the run's `replay` stream."""
 
     def __init__(self, client: redis.Redis, cfg: RunConfig, stop_event: threading.Event | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", checkpoint_every: float = 10.0) -> None:
         self.r = client
         self.cfg = cfg
         self.store = Store(client, cfg.run_id)
         self.stop_event = stop_event or threading.Event()
         self.device = device
+        self.checkpoint_every = checkpoint_every
+        self._last_ckpt = time.monotonic()
 
-    def setup(self) -> bool:
-        """Create the run's keys; False when the run already exists (a TD3 run cannot be resumed)."""
+    def setup(self) -> None:
+        """Create the run's keys, or load a stopped run: checkpointed networks, replay from Redis.
+
+        Episodes stored after the last checkpoint stay stored and counted (the networks lose only
+        the updates made since), so the budget is never spent twice."""
         cfg, store = self.cfg, self.store
-        if not store.write_config(cfg):
-            self.cfg = store.config()
-            if store.state()["steps"] > 0 or store.status() in ("finished", "failed"):
-                return False
-        from aesrl_queue.nets import get_flat
-
+        created = store.write_config(cfg)
+        if not created:
+            self.cfg = cfg = store.config()
         torch.manual_seed(cfg.seed)
-        self.spec = NetSpec.from_config(self.cfg)
-        self.agent = TD3Agent(self.spec, lr=self.cfg.actor_lr, gamma=self.cfg.gamma, tau=self.cfg.tau,
-                              policy_noise=self.cfg.policy_noise, noise_clip=self.cfg.noise_clip,
+        self.spec = NetSpec.from_config(cfg)
+        self.agent = TD3Agent(self.spec, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau,
+                              policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip,
                               policy_freq=POLICY_FREQ, device=self.device)
-        mu = get_flat(self.agent.actor)
-        pipe = self.r.pipeline()
-        # dist:0 holds the initial actor so the run folder and `status` find a "μ"; var is unused.
-        store.publish_dist(0, mu, np.full_like(mu, self.cfg.var_init), pipe=pipe)
-        store.set_state(pipe=pipe, version=0, f_mu=math.nan, f_mu_version=-1, n_rl=1, n_es=1,
-                        best_fitness=-math.inf, started_at=time.time(), status="running", td3_updates=0,
-                        updated_at=time.time())
-        pipe.execute()
-        return True
+        self.replay = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
+        state = store.state()
+        self.total, self.episodes, self.version = state["steps"], state["results_applied"], state["version"]
+        self.interactions = state["interactions"]
+        self.updates = 0
+        self.f_mu = state.get("f_mu", math.nan) if self.version > 0 else math.nan
+        self.best = state.get("best_fitness", -math.inf)
+        self.next_eval = cfg.td3_start_steps
+        if created or (self.total == 0 and not store.has_dist(0)):
+            mu = get_flat(self.agent.actor)
+            pipe = self.r.pipeline()
+            # dist:0 holds the initial actor so the run folder and `status` find a "μ"; var is unused.
+            store.publish_dist(0, mu, np.full_like(mu, cfg.var_init), pipe=pipe)
+            store.set_state(pipe=pipe, version=0, f_mu=math.nan, f_mu_version=-1, n_rl=1, n_es=1,
+                            best_fitness=-math.inf, started_at=time.time(), status="running", td3_updates=0,
+                            updated_at=time.time())
+            pipe.execute()
+            return
+        ckpt = store.load_td3_ckpt()
+        if ckpt is not None:
+            for name in ("actor", "actor_target", "critic", "critic_target"):
+                set_flat(getattr(self.agent, name), codec.check_array(ckpt[name], what=f"td3 checkpoint {name}"))
+            self.agent.actor_opt.load_state_dict(to_tensors(ckpt["actor_opt"], self.agent.device))
+            self.agent.critic_opt.load_state_dict(to_tensors(ckpt["critic_opt"], self.agent.device))
+            self.agent.total_it = int(ckpt["total_it"])
+            self.updates = int(ckpt["updates"])
+        for entry_id, fields in self._replay_entries():
+            ep = store.decode_episode(entry_id, fields)
+            self.replay.add_batch(ep["obs"], ep["act"], ep["rew"], ep["next_obs"], ep["done"])
+        # The next episode's end evaluates the actor again (the last evaluation may predate the checkpoint).
+        self.next_eval = max(cfg.td3_start_steps, self.total)
+        store.set_state(status="running", updated_at=time.time())
+        log.info("run %s: td3 resumed at %d env steps, %d episodes, %d updates (%s), %d transitions reloaded",
+                 cfg.run_id, self.total, self.episodes, self.updates,
+                 "from its checkpoint" if ckpt else "no checkpoint yet: fresh networks", len(self.replay))
+
+    def _replay_entries(self):
+        after = "0-0"
+        while True:
+            rows = self.store.read_replay(after, count=500)
+            if not rows:
+                return
+            yield from rows
+            after = rows[-1][0]
+
+    def checkpoint(self, pipe=None) -> None:
+        agent = self.agent
+        self.store.save_td3_ckpt({
+            "actor": get_flat(agent.actor), "actor_target": get_flat(agent.actor_target),
+            "critic": get_flat(agent.critic), "critic_target": get_flat(agent.critic_target),
+            "actor_opt": to_numpy(agent.actor_opt.state_dict()), "critic_opt": to_numpy(agent.critic_opt.state_dict()),
+            "total_it": agent.total_it, "updates": self.updates, "total": self.total, "episodes": self.episodes,
+            "t": time.time()}, pipe=pipe)
+        self._last_ckpt = time.monotonic()
 
     def run(self) -> str:
-        if not self.setup():
-            log.error("run %s exists and has stored steps: a td3 run keeps its networks and replay in the "
-                      "process and cannot be resumed; start a new run", self.cfg.run_id)
-            return "failed"
-        cfg, store, agent = self.cfg, self.store, self.agent
+        self.setup()
+        cfg, store, agent, replay = self.cfg, self.store, self.agent, self.replay
+        if store.status() == "finished" or self.total >= cfg.total_steps:
+            store.set_state(status="finished", updated_at=time.time())
+            return "finished"
         env = gym.make(cfg.env_id, **cfg.env_kwargs)
         actor_np = self.spec.make_numpy_actor()
-        replay = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
-        rng = np.random.default_rng(cfg.seed)
-        gen = torch.Generator().manual_seed(cfg.seed + 11)
-        env.action_space.seed(cfg.seed)
+        # A resumed run continues on fresh random streams (seeded by the episodes done so far).
+        rng = np.random.default_rng([cfg.seed, self.episodes])
+        gen = torch.Generator().manual_seed(cfg.seed + 11 + self.episodes)
+        env.action_space.seed(cfg.seed + self.episodes)
         max_a = cfg.max_action
-        total, updates, episodes, version = 0, 0, 0, 0
-        f_mu, next_eval, best = math.nan, cfg.td3_start_steps, -math.inf
-        obs, _ = env.reset(seed=cfg.seed)
+        obs, _ = env.reset(seed=cfg.seed + self.episodes)
         ep = {k: [] for k in ("obs", "act", "rew", "next_obs", "done")}
         ep_ret, t0 = 0.0, time.time()
         status = "finished"
-        while total < cfg.total_steps:
+        while self.total < cfg.total_steps:
             if self.stop_event.is_set():
                 status = "stopped"
                 break
-            if total < cfg.td3_start_steps:
+            if self.total < cfg.td3_start_steps:
                 act = env.action_space.sample().astype(np.float32)
             else:
                 with torch.no_grad():
@@ -103,64 +150,71 @@ class TD3Baseline:
                 ep[k].append(v)
             replay.add_batch(np.asarray(obs, np.float32)[None], act[None], np.array([rew], np.float32),
                              np.asarray(next_obs, np.float32)[None], np.array([done], np.float32))
-            total += 1
+            self.total += 1
             ep_ret += float(rew)
             obs = next_obs
-            if total > cfg.td3_start_steps and len(replay) >= cfg.batch_size:
+            if self.total > cfg.td3_start_steps and len(replay) >= cfg.batch_size:
                 agent.train_step(replay.sample(cfg.batch_size, generator=gen))
-                updates += 1
+                self.updates += 1
             if terminated or truncated or ep_len >= cfg.max_episode_steps:
-                episodes += 1
+                self.episodes += 1
                 transitions = {k: np.asarray(v, dtype=np.float32) for k, v in ep.items()}
-                store.append_episode(transitions, f"{cfg.run_id}-e{episodes}")
-                best = max(best, ep_ret)
+                self.best = max(self.best, ep_ret)
                 evaluated = False
-                if total >= next_eval or total >= cfg.total_steps:
+                if self.total >= self.next_eval or self.total >= cfg.total_steps:
                     # f(μ) of TD3: the deterministic actor, like the μ evaluations of the ES loops.
                     actor_np.set_params(agent.actor_params())
-                    ev = run_episodes(cfg.env_id, actor_np, k=cfg.mean_eval_episodes, seed=(cfg.seed + episodes) % 2**31,
-                                      store=False, env_kwargs=cfg.env_kwargs)
-                    f_mu = float(np.mean(ev.returns))
+                    ev = run_episodes(cfg.env_id, actor_np, k=cfg.mean_eval_episodes,
+                                      seed=(cfg.seed + self.episodes) % 2**31, store=False, env_kwargs=cfg.env_kwargs)
+                    self.f_mu = float(np.mean(ev.returns))
                     store.incr("interactions", int(sum(ev.lengths)))
-                    next_eval = total + cfg.td3_eval_every
-                    version += 1
+                    self.interactions += int(sum(ev.lengths))
+                    self.next_eval = self.total + cfg.td3_eval_every
+                    self.version += 1
                     evaluated = True
-                self._record(episodes, ep_ret, ep_len, f_mu, version, updates, best, evaluated, t0)
+                self._record(transitions, ep_ret, ep_len, evaluated, t0)
                 obs, _ = env.reset()
                 ep = {k: [] for k in ep}
                 ep_ret = 0.0
         mu = agent.actor_params()
         pipe = self.r.pipeline()
-        store.publish_dist(version, mu, np.full_like(mu, cfg.var_init), pipe=pipe)
-        fields = {"version": version, "status": status, "td3_updates": updates, "updated_at": time.time()}
+        store.publish_dist(self.version, mu, np.full_like(mu, cfg.var_init), pipe=pipe)
+        fields = {"version": self.version, "status": status, "td3_updates": self.updates, "updated_at": time.time()}
         if status == "finished":
             fields["finished_at"] = time.time()
         store.set_state(pipe=pipe, **fields)
+        self.checkpoint(pipe=pipe)
         pipe.execute()
-        log.info("run %s: td3 %s after %d env steps, %d updates, f(μ) %.1f", cfg.run_id, status, total, updates,
-                 f_mu)
+        log.info("run %s: td3 %s after %d env steps, %d updates, f(μ) %.1f", cfg.run_id, status, self.total,
+                 self.updates, self.f_mu)
         return status
 
-    def _record(self, episode: int, ret: float, length: int, f_mu: float, version: int, updates: int, best: float,
-                evaluated: bool, t0: float) -> None:
-        """One history entry per training episode, with the same fields as the ES loops' entries."""
+    def _record(self, transitions: dict[str, np.ndarray], ret: float, length: int, evaluated: bool,
+                t0: float) -> None:
+        """Store one training episode with its history entry (the same fields as the ES loops' entries)
+        and the counters, in one transaction; a checkpoint rides along every `checkpoint_every` s."""
         cfg, store = self.cfg, self.store
-        steps, inter = self.r.hmget(store.key("state"), ["steps", "interactions"])
-        entry = {"job": f"{cfg.run_id}-e{episode}", "kind": "td3", "steps": int(steps or 0),
-                 "interactions": int(inter or 0), "version": version, "p": 0.0, "f_z": ret, "f_mu": f_mu,
-                 "len": length, "t": time.time(), "worker": "td3", "sigma_mean": 0.0, "sigma_min": 0.0,
-                 "sigma_max": 0.0, "moved": 0.0, "duration": 0.0, "random": int(steps or 0) <= cfg.td3_start_steps,
-                 "rl_steps": 0, "updates": updates, "evaluated": evaluated}
+        episode, version = self.episodes, self.version
+        self.interactions += length
+        job = f"{cfg.run_id}-e{episode}"
+        entry = {"job": job, "kind": "td3", "steps": self.total, "interactions": self.interactions, "version": version, "p": 0.0,
+                 "f_z": ret, "f_mu": self.f_mu, "len": length, "t": time.time(), "worker": "td3", "sigma_mean": 0.0,
+                 "sigma_min": 0.0, "sigma_max": 0.0, "moved": 0.0, "duration": 0.0,
+                 "random": self.total <= cfg.td3_start_steps, "rl_steps": 0, "updates": self.updates,
+                 "evaluated": evaluated}
         pipe = self.r.pipeline()
+        store.append_episode(transitions, job, pipe=pipe)
         if evaluated:
             # The evaluated actor is this run's "μ" version, so the run folder's policy.npz finds it.
             mu = self.agent.actor_params()
             store.publish_dist(version, mu, np.full_like(mu, cfg.var_init), pipe=pipe)
-            pipe.expire(store.key(f"dist:{version - 1}"), 60)
-        fields = {"td3_updates": updates, "best_fitness": best, "updated_at": time.time(),
+            store.expire_dists([version - 1], ttl=60, pipe=pipe)
+        fields = {"td3_updates": self.updates, "best_fitness": self.best, "updated_at": time.time(),
                   "version": version, "results_applied": episode}
-        if math.isfinite(f_mu):
-            fields.update(f_mu=f_mu, f_mu_version=version)
+        if math.isfinite(self.f_mu):
+            fields.update(f_mu=self.f_mu, f_mu_version=version)
         store.set_state(pipe=pipe, **fields)
-        pipe.xadd(store.key("history"), {"d": codec.pack(entry)}, maxlen=cfg.history_max)
+        store.append_history(entry, pipe=pipe)
+        if time.monotonic() - self._last_ckpt > self.checkpoint_every:
+            self.checkpoint(pipe=pipe)
         pipe.execute()

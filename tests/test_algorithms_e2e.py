@@ -41,7 +41,8 @@ td3_eval_every = 400
 # -- fast checks of the pieces (no processes) ---------------------------------------------------------
 def test_generation_members_are_plain_version_seed_jobs() -> None:
     """The sync loop's member seeds rebuild exactly the antithetic rows that CEM's ask() makes."""
-    from scheduler.sync import build_cem, generation_seed
+    from aesrl_queue.optimizers import generation_seed
+    from aesrl_queue.optimizers.cem import build_cem
 
     cfg = RunConfig.from_preset("Pendulum-v1", algo="pcemrl", hidden=(8, 8))
     dist = build_cem(cfg, np.linspace(-1, 1, 50, dtype=np.float32))
@@ -54,7 +55,7 @@ def test_generation_members_are_plain_version_seed_jobs() -> None:
 
 
 def test_which_processes_each_algorithm_needs() -> None:
-    from scheduler.sync import needs_critic_daemon, needs_workers
+    from aesrl_queue.optimizers import needs_critic_daemon, needs_workers
 
     def cfg(algo, **kw):
         return RunConfig.from_preset("Pendulum-v1", algo=algo, **kw)

@@ -1,4 +1,4 @@
-"""RunConfig: the presets of DESIGN.md §5, validation that names the field, files, resolve() and spec_hash."""
+"""RunConfig: the per-environment presets, validation that names the field, files, resolve() and spec_hash."""
 
 from __future__ import annotations
 
@@ -308,3 +308,33 @@ def test_load_config_blob_rejects_unknown_fields_and_non_maps(null_cfg: RunConfi
     with pytest.raises(CodecError, match="map"):
         load_config_blob(pack([1, 2]))
     assert unpack(pack(null_cfg.to_dict()))["env_id"] == "AesrlNull-v0"
+
+
+def test_layer_sizes_are_parsed_in_one_place() -> None:
+    from aesrl_queue.config import parse_sizes
+
+    assert parse_sizes("hidden", "400,300") == (400, 300) == parse_sizes("hidden", "400x300")
+    for bad in ("", "a,b", "4,y"):
+        with pytest.raises(ConfigError, match="hidden"):
+            parse_sizes("hidden", bad)
+    assert RunConfig.from_dict({"hidden": "8,8"}).hidden == (8, 8)
+
+
+def test_spec_hash_is_cached_until_a_field_it_covers_changes() -> None:
+    cfg = RunConfig.from_preset("AesrlNull-v0")
+    first = cfg.spec_hash
+    assert cfg.spec_hash == first == cfg._hash_spec()
+    cfg.seed = 99  # not part of the spec
+    assert cfg.spec_hash == first
+    cfg.hidden = (5, 5)
+    assert cfg.spec_hash != first and cfg.spec_hash == cfg._hash_spec()
+    cfg.env_kwargs["episode_len"] = 7  # mutated in place: still seen
+    assert cfg.spec_hash == cfg._hash_spec()
+
+
+def test_rule_names_have_one_source() -> None:
+    from aesrl_queue import config, distributions, rules
+
+    assert config.MEAN_RULES == rules.FITNESS_MEAN_RULES and set(rules.FITNESS_MEAN_RULES) < set(rules.MEAN_RULES)
+    assert config.VAR_RULES == rules.AESRL_VAR_RULES == distributions.AESRL_VAR_RULES
+    assert distributions.AESRL_MEAN_RULES == rules.MEAN_RULES

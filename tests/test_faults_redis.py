@@ -17,7 +17,7 @@ from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import Store
-from scheduler.loop import AsyncScheduler
+from scheduler.loop import Scheduler
 from tests.conftest import wait_for
 from tests.faults import check_exactly_once, sleep_config
 
@@ -107,7 +107,7 @@ def test_scheduler_outlives_an_outage_longer_than_its_retries(tmp_path, procs, c
                                 env_kwargs={"episode_len": 20, "mean_s": 0.3}, total_steps=1200,
                                 mean_eval_episodes=1, result_ttl=30, failure_ttl=60).resolve()
     client = connect(server.url, retries=1)
-    sched = AsyncScheduler(client, connect(server.url, blocking=True, retries=1), cfg)
+    sched = Scheduler(client, connect(server.url, blocking=True, retries=1), cfg)
     outcome: list[str] = []
     thread = threading.Thread(target=lambda: outcome.append(sched.run()), daemon=True)
     try:

@@ -105,11 +105,12 @@ def test_distribution_tells_the_same_with_and_without_numba(monkeypatch, rules) 
 
     fast = make()
     with_kernel = run_tells(fast, 5)
-    assert fast.last_step is None or isinstance(fast.last_step, kernels.StepOut)
+    _p, step = make().tell_step(mu0 + 0.1, 1.0, 0.0)
+    assert step is None or isinstance(step, kernels.StepOut)
     monkeypatch.setattr(kernels, "_compiled", False)
     slow = make()
     assert run_tells(slow, 5) == with_kernel
-    assert slow.last_step is None
+    assert make().tell_step(mu0 + 0.1, 1.0, 0.0)[1] is None
 
 
 def test_environment_switch_turns_the_kernel_off() -> None:

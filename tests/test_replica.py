@@ -156,7 +156,7 @@ def test_critic_is_at_least_the_version_the_primary_named(pair, clients, monkeyp
     store.publish_critic(2, {"critic": np.full(10, 2.0, np.float32)})
     _begin(ctx, "j4")
     assert ctx.critic_named == 2
-    version, blob = ctx.reader.critic(store.prefix, at_least=ctx.critic_named)
+    version, blob = ctx.reader.critic(store, at_least=ctx.critic_named)
     assert version == 2 and codec.unpack(blob)["critic"][0] == 2.0  # not the replica's version 1
     assert ctx.reader.stats["primary"] >= 1
 

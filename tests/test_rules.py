@@ -1,5 +1,5 @@
 """Exact values of the AES-RL mean rules, variance rules, Welford step and success rule.
-Every expected number here is computed by hand from DESIGN.md §5.
+Every expected number here is computed by hand from the paper's equations (docs/algorithms.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Redis schema of one run (DESIGN.md §3) against a real redis-server: writes, reads, validation, trims."""
+"""The Redis schema of one run (docs/architecture.md) against a real redis-server: writes, reads, validation, trims."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The critic daemon: mirrors the replay stream onto its device, trains the TD3 twin critics with
-the current μ as target policy, and republishes the weights after every chunk (DESIGN.md §5).
+the current μ as target policy, and republishes the weights after every chunk.
 
 Restartable: it reloads `critic:ckpt` (critic, target and Adam state) and rebuilds its mirror.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 import numpy as np
 import redis
@@ -20,32 +19,11 @@ from aesrl_queue.codec import CodecError
 from aesrl_queue.connection import wait_until_reachable
 from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.store import Store
-from aesrl_queue.td3 import ReplayBuffer, critic_update, hard_update
+from aesrl_queue.td3 import ReplayBuffer, critic_update, hard_update, to_numpy, to_tensors
 
 log = logging.getLogger(__name__)
 
 DONE_STATUSES = ("finished", "failed")
-
-
-def to_numpy(obj: Any) -> Any:
-    """Tensors to numpy arrays, recursively (optimizer state → msgpack-able)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().numpy()
-    if isinstance(obj, dict):
-        return {k: to_numpy(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [to_numpy(v) for v in obj]
-    return obj
-
-
-def to_tensors(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.array(obj)).to(device)
-    if isinstance(obj, dict):
-        return {k: to_tensors(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_tensors(v, device) for v in obj]
-    return obj
 
 
 def pick_device(requested: str | None) -> torch.device:

@@ -1,4 +1,5 @@
-"""The RQ job functions of DESIGN.md §4: evaluate one ES or RL individual of a run and report.
+"""The RQ job functions: evaluate one ES or RL individual of a run and report (the job protocol of
+docs/architecture.md).
 
 Jobs carry only small JSON arguments (run, job, kind, version, seed, spec_hash, rl_steps); the
 parameters come from Redis. Per-process state (environments, networks, replay mirror, critic)
@@ -31,28 +32,6 @@ ALLOWED_FUNCTIONS = ("workers.jobs.evaluate", "workers.jobs.noop")
 # Set by AesrlWorker so results and heartbeats name the worker; plain callers get host:pid.
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
-# Atomically: check the job is still wanted, read the current μ/var, and record which version
-# this job uses, so the scheduler keeps that version until the result is in. With ARGV[4] = 'v'
-# (a worker that reads from a replica) it returns the version and the critic's version instead of
-# the blobs: the primary decides which version the job uses, the replica only serves its bytes.
-_START_JOB = """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return false end
-local v = redis.call('HGET', KEYS[1], 'version')
-if not v then return false end
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[4], ARGV[1], v)
-if ARGV[4] == 'v' then return {v, redis.call('HGET', ARGV[3] .. 'critic', 'version')} end
-local d = redis.call('HMGET', ARGV[3] .. 'dist:' .. v, 'mu', 'var')
-return {v, d[1], d[2]}
-"""
-# Read-only: the current version and its μ (for the evaluation of the mean).
-_READ_MU = """
-local v = redis.call('HGET', KEYS[1], 'version')
-if not v then return false end
-return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
-"""
-
-
 class JobRejected(RuntimeError):
     """The job cannot be evaluated here (spec mismatch, missing data); reported as a failed result."""
 
@@ -67,7 +46,7 @@ class _RunContext:
         # Reads of immutable or versioned data go to a local replica when AESRL_READ_URL names one.
         self.reader: ReplicaReader | None = reader_for(client)
         if self.reader is not None:
-            self.store._config = load_config_blob(self.reader.config_blob(self.store.prefix))
+            self.store._config = load_config_blob(self.reader.config_blob(self.store))
         self.cfg = self.store.config()
         cfg = self.cfg
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
@@ -77,8 +56,6 @@ class _RunContext:
             critic_activation=cfg.critic_activation,
         )
         self.actor = self.spec.make_numpy_actor()
-        self.start_job = client.register_script(_START_JOB)
-        self.read_mu = client.register_script(_READ_MU)
         self.mirror = None  # obs-only replay mirror, built on the first RL job
         self.mirror_last = "0-0"
         self.critic = None
@@ -89,29 +66,20 @@ class _RunContext:
     def begin(self, job: str, info: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
         """Start `job` on the primary: (version, μ, var) of the version it uses, None if no longer wanted."""
         store = self.store
-        keys = [store.key("state"), store.key("inflight"), store.key("started"), store.key("refs")]
+        started = store.start_job(job, info, versions_only=self.reader is not None)
+        if not started:
+            return None
+        version = int(started[0])
         if self.reader is None:
-            started = self.start_job(keys=keys, args=[job, info, store.prefix])
-            if not started:
-                return None
-            version, mu, var = int(started[0]), started[1], started[2]
+            mu, var = started[1], started[2]
         else:
-            started = self.start_job(keys=keys, args=[job, info, store.prefix, "v"])
-            if not started:
-                return None
-            version = int(started[0])
             self.critic_named = int(started[1] or 0)
-            mu, var = self.reader.dist(store.prefix, version)
-        n = self.cfg.actor_dim
-        return (version, codec.decode_array(mu, size=n, what=f"dist:{version} mu"),
-                codec.decode_array(var, size=n, what=f"dist:{version} var"))
+            mu, var = self.reader.dist(store, version)
+        return (version, *store.decode_dist(version, mu, var))
 
     def read_current_mu(self) -> tuple[int, np.ndarray] | None:
         """The current version and its μ (from the replica when there is one: possibly a little older)."""
-        def read(c: redis.Redis):
-            return self.read_mu(keys=[self.store.key("state")], args=[self.store.prefix], client=c)
-
-        got = read(self.store.r) if self.reader is None else self.reader.read(read)
+        got = self.store.read_current_mu() if self.reader is None else self.reader.read(self.store.read_current_mu)
         if not got or got[1] is None:
             return None
         return int(got[0]), codec.decode_array(got[1], size=self.cfg.actor_dim, what="current mu")
@@ -142,6 +110,12 @@ class _RunContext:
                 self.mirror.add_batch(ep["obs"])
                 added += len(ep["obs"])
 
+    def torch_spec(self):
+        """The spec with the torch builders (RL jobs only: ES-only workers never import torch)."""
+        from aesrl_queue.nets import NetSpec
+
+        return NetSpec.from_config(self.spec)
+
     def load_critic(self, device: str):
         version = self.store.critic_version() if self.reader is None else self.critic_named
         if version <= 0:
@@ -150,14 +124,14 @@ class _RunContext:
             if self.reader is None:
                 got = self.store.read_critic()
             else:
-                got = self.reader.critic(self.store.prefix, at_least=version)
+                got = self.reader.critic(self.store, at_least=version)
                 got = (got[0], codec.unpack(got[1], what="critic weights"))
             if got is None:
                 raise JobRejected("critic weights are missing")
             version, weights = got
             from aesrl_queue.nets import set_flat
 
-            critic = self.spec.make_critic().to(device)
+            critic = self.torch_spec().make_critic(device)
             set_flat(critic, codec.check_array(weights.get("critic"), what="critic weights"))
             for p in critic.parameters():
                 p.requires_grad_(False)
@@ -293,7 +267,7 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         dists["dist_before"] = float(np.linalg.norm(z.astype(np.float64) - mu))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed % (2**31))
-            z = train_actor(z, ctx.spec, critic, lambda n: ctx.mirror.sample(n, generator=gen)["obs"],
+            z = train_actor(z, ctx.torch_spec(), critic, lambda n: ctx.mirror.sample(n, generator=gen)["obs"],
                             steps=max(1, rl_steps), batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device)
         dists["dist_after"] = float(np.linalg.norm(np.asarray(z, dtype=np.float64) - mu))
         if not np.all(np.isfinite(z)):

@@ -17,6 +17,7 @@ import redis
 
 from aesrl_queue.codec import CodecError
 from aesrl_queue.connection import RETRY_ON, connect, redact
+from aesrl_queue.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -142,27 +143,19 @@ class ReplicaReader:
             raise CodecError(f"{what} is in neither the replica nor the primary (expired?)")
         return out
 
-    def dist(self, prefix: str, version: int) -> tuple[bytes, bytes]:
+    def dist(self, store: Store, version: int) -> tuple[bytes, bytes]:
         """The raw mu and var blobs of dist:{version} (immutable once written)."""
-        key = f"{prefix}dist:{version}"
+        return self.wait_for(lambda c: store.dist_blobs(version, client=c), f"distribution version {version}")
 
-        def get(c: redis.Redis):
-            mu, var = c.hmget(key, ["mu", "var"])
-            return None if mu is None or var is None else (mu, var)
+    def config_blob(self, store: Store) -> bytes:
+        return self.wait_for(lambda c: store.config_blob(client=c), "the run's config")
 
-        return self.wait_for(get, f"distribution version {version}")
-
-    def config_blob(self, prefix: str) -> bytes:
-        return self.wait_for(lambda c: c.get(f"{prefix}config"), "the run's config")
-
-    def critic(self, prefix: str, at_least: int) -> tuple[int, bytes]:
+    def critic(self, store: Store, at_least: int) -> tuple[int, bytes]:
         """(version, weights blob) of the critic, of version >= at_least (what the primary named)."""
 
         def get(c: redis.Redis):
-            version, blob = c.hmget(f"{prefix}critic", ["version", "weights"])
-            if version is None or blob is None or int(version) < at_least:
-                return None
-            return int(version), blob
+            got = store.critic_blob(client=c)
+            return None if got is None or got[0] < at_least else got
 
         return self.wait_for(get, f"critic version {at_least}")
 

@@ -1,0 +1,251 @@
+"""The asynchronous optimizers (AES-RL and its ES-only, (1+1)-ES and ACEM-RL relatives), ask/tell style:
+every number of the algorithm lives here, and nothing of Redis, RQ, threads or clocks.
+
+`ask` hands out job specs and tags each RL or ES with the P controller; `tell` applies one evaluated
+individual the moment it arrives and returns what the scheduler must write. One object per run:
+
+    opt = AesrlOptimizer(cfg, mu0)              # or AesrlOptimizer(cfg, mu).load_state(saved)
+    specs = opt.ask(4, steps=0, inflight=0, critic_version=0, now=0.0)
+    update = opt.tell(evaluated, now=time.time())   # -> Update(version, moved, history, best, ...)
+
+What it owns: the search distribution (μ, var and, for AES-RL, the fitness scale r), the P controller
+and the job numbering, the f(μ) each individual is compared with, the `rl_steps` window, the random
+phase (random-action results are not told when r adapts), and the best individual.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from aesrl_queue import noise
+from aesrl_queue.config import RunConfig
+from aesrl_queue.controller import RLController
+from aesrl_queue.distributions import make_distribution
+from aesrl_queue.optimizers.base import Evaluated, JobSpec, Update, finite, job_seed
+
+log = logging.getLogger(__name__)
+
+ALGOS = ("aesrl", "es", "opo", "acemrl")
+
+
+def uses_rl(cfg: RunConfig) -> bool:
+    """Whether an asynchronous run makes RL jobs (and so needs a critic)."""
+    return cfg.algo != "es" and cfg.rl_ratio > 0
+
+
+def build_distribution(cfg: RunConfig, mu: np.ndarray):
+    """The search distribution an asynchronous algorithm uses, from the config."""
+    if cfg.algo in ("aesrl", "es"):
+        return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
+                                 negative_ratio=cfg.negative_ratio, fixed_n=cfg.fixed_n,
+                                 var_init=cfg.var_init, var_floor=cfg.var_floor, r_window=cfg.r_window,
+                                 r_factor=cfg.r_factor)
+    if cfg.algo == "opo":
+        return make_distribution("opo", mu, var_init=cfg.var_init, var_floor=cfg.var_floor)
+    if cfg.algo == "acemrl":
+        return make_distribution("acem", mu, var_init=cfg.var_init)
+    raise ValueError(f"algo {cfg.algo!r} has no asynchronous distribution; use one of {', '.join(ALGOS)}")
+
+
+class AesrlOptimizer:
+    """One asynchronous run: ask jobs, tell results one at a time (update after every result)."""
+
+    def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
+        if cfg.algo not in ALGOS:
+            raise ValueError(f"AesrlOptimizer runs {', '.join(ALGOS)}, not {cfg.algo!r}")
+        self.cfg = cfg
+        self.rl = uses_rl(cfg)
+        self.dist = build_distribution(cfg, mu0)
+        self.controller = RLController(target=cfg.rl_ratio if self.rl else 0.0, gain=cfg.rl_gain,
+                                       initial_steps=cfg.initial_steps)
+        self.dispatched = 0  # jobs asked so far: job n has seed job_seed(cfg.seed, n)
+        self.f_mu, self.f_mu_version = math.nan, -1  # the newest estimate of f(μ) reported by a job
+        self.best = -math.inf  # best f(z) so far (random-action episodes included)
+        self.best_kept = -math.inf  # best f(z) of a non-random individual (the one kept for export)
+        self.recent_lens: deque[int] = deque(maxlen=cfg.rl_steps_window)
+        self.told = 0  # results passed to the distribution
+        self.last_p: dict[str, float] = {}
+        self._sigma: tuple[int, float, float, float] | None = None  # (version, mean, min, max) of sqrt(var)
+        self._critic_wait_since: float | None = None  # a clock value (not state: it restarts with the process)
+        self._warned_no_critic = -math.inf
+
+    # -- what the loop reads ---------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.dist.version
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.dist.mean
+
+    @property
+    def var(self) -> np.ndarray:
+        return self.dist.var
+
+    @property
+    def waiting(self) -> bool:
+        """Holding jobs back for something outside (the first critic): poll often."""
+        return self._critic_wait_since is not None
+
+    def done(self, steps: int) -> bool:
+        return steps >= self.cfg.total_steps
+
+    def fields(self) -> dict[str, Any]:
+        """The run's state-hash fields this optimizer owns (written with every commit)."""
+        out = {"version": self.version, "f_mu": self.f_mu, "f_mu_version": self.f_mu_version,
+               "best_fitness": self.best, "n_rl": self.controller.n_rl, "n_es": self.controller.n_es,
+               "dispatched": self.dispatched}
+        r = getattr(self.dist, "r", None)
+        if r is not None:
+            out["r_used"] = r
+        out.update({f"last_p_{kind}": p for kind, p in self.last_p.items()})
+        return out
+
+    # -- ask -------------------------------------------------------------------------------------
+    def ask(self, n: int, steps: int, inflight: int, critic_version: int, now: float,
+            critic_steps: int = 0) -> list[JobSpec]:
+        """Up to `n` new jobs, given the stored steps, the jobs in flight, the critic's version and a
+        monotonic clock. Fewer (or none) near the end of the budget or while waiting for a critic."""
+        cfg = self.cfg
+        if n <= 0:
+            return []
+        # Do not start jobs whose episodes would certainly overshoot the budget.
+        mean_len = (sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens else 1
+        if steps + inflight * mean_len >= cfg.total_steps:
+            return []
+        rl_ready = self.rl and critic_version > 0
+        if rl_ready:
+            self._critic_wait_since = None
+        # A critic cannot train before the replay holds a batch: never wait for one before that,
+        # even when the random phase is shorter (initial_steps 0 would otherwise wait critic_wait).
+        elif self.rl and steps >= max(cfg.initial_steps, cfg.batch_size):
+            # The random phase is over but no critic exists yet: hold new jobs for a while rather
+            # than spend the budget on ES alone (a critic daemon needs seconds to start and train).
+            if self._critic_wait_since is None:
+                self._critic_wait_since = now
+                log.info("run %s: initial phase over; waiting up to %.0fs for the first critic", cfg.run_id,
+                         cfg.critic_wait)
+            if now - self._critic_wait_since < cfg.critic_wait:
+                return []
+            if now - self._warned_no_critic > 60:
+                self._warned_no_critic = now
+                log.warning("run %s: %d steps stored but no critic published yet — is `aesrl-queue critic start "
+                            "--run %s` running? dispatching ES jobs meanwhile", cfg.run_id, steps, cfg.run_id)
+        specs = []
+        random_phase = self.rl and steps < cfg.initial_steps
+        rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps)
+        for _ in range(n):
+            self.dispatched += 1
+            seed = job_seed(cfg.seed, self.dispatched)
+            # No critic yet: ES only, and uncounted, so the controller does not start with a backlog
+            # of ES dispatches that it would then repay with a burst of RL jobs.
+            kind = self.controller.choose(steps, random.Random(seed).random()) if rl_ready else "es"
+            specs.append({"kind": kind, "version": self.version, "seed": seed, "n": self.dispatched,
+                          "rl_steps": rl_steps if kind == "rl" else 0, "random": random_phase})
+        return specs
+
+    # -- tell ------------------------------------------------------------------------------------
+    def tell(self, ev: Evaluated, now: float = 0.0) -> Update:
+        """Apply one evaluated individual; `now` (wall clock) only stamps the history entry.
+
+        Invalid input raises ValueError and changes nothing."""
+        cfg, dist = self.cfg, self.dist
+        f_mu, f_mu_version = self.f_mu, self.f_mu_version
+        if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version:
+            f_mu, f_mu_version = ev.f_mu, ev.f_mu_version
+        # The f(μ) this individual is compared with: with paired evaluation, the job's own estimate
+        # of the μ it was drawn from, on the same start state; else the newest estimate (the paper).
+        if cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
+            f_ref = ev.f_mu
+        else:
+            f_ref = f_mu if finite(f_mu) else ev.fitness
+        # A random-action episode says nothing about z: with an adaptive scale it neither moves μ nor
+        # enters the scale (the paper's fixed r lets it move μ, as the official code does).
+        scale = getattr(dist, "scale", None)
+        told = not (ev.random and scale is not None and scale.mode == "adaptive")
+        mean_before, version_before = dist.mean, dist.version
+        step = None
+        p = 0.0
+        if told:
+            if hasattr(dist, "tell_step"):
+                p, step = dist.tell_step(ev.z, ev.fitness, f_ref)
+            else:
+                p = dist.tell(ev.z, ev.fitness, f_ref)
+            p = float(p)
+            self.told += 1
+        self.f_mu, self.f_mu_version = f_mu, f_mu_version
+        self.last_p[ev.kind] = p
+        self.recent_lens.append(int(ev.length))
+        self.best = max(self.best, ev.fitness)
+        moved = dist.version != version_before
+        std = None
+        if moved:
+            std = step.std if step is not None else noise._scale(dist.mean, dist.var)[1]
+        sigma = self._sigma_stats(std)
+        r_used = getattr(dist, "r", None)
+        entry = {"job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
+                 "version": dist.version, "p": p, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length, "t": now,
+                 "worker": ev.worker, "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3],
+                 "moved": step.moved if step is not None else float(np.linalg.norm(dist.mean - mean_before)),
+                 "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps,
+                 # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
+                 "f_ref": f_ref, "delta": ev.fitness - f_ref, "r": r_used, "told": told,
+                 "dist_before": ev.dist_before, "dist_after": ev.dist_after}
+        best = None
+        if not ev.random and ev.fitness > self.best_kept:
+            self.best_kept = ev.fitness
+            best = {"params": ev.z, "fitness": ev.fitness, "job": ev.job, "kind": ev.kind, "version": dist.version,
+                    "steps": ev.steps}
+        return Update(version=dist.version, moved=moved, mean=dist.mean if moved else None,
+                      var=dist.var if moved else None, std=std, history=entry, best=best)
+
+    def _sigma_stats(self, std: np.ndarray | None) -> tuple[int, float, float, float]:
+        """Mean, min and max of sqrt(var) for the history, computed once per version."""
+        if self._sigma is None or self._sigma[0] != self.version:
+            if std is None:
+                std = noise._scale(self.dist.mean, self.dist.var)[1]
+            self._sigma = (self.version, float(std.mean()), float(std.min()), float(std.max()))
+        return self._sigma
+
+    def lost(self, job: str, retry: bool = True) -> Update | None:
+        """A job that will not report: its slot is simply asked again."""
+        return None
+
+    def reconcile(self, inflight: set[str]) -> None:
+        """After a restart: nothing to do (in-flight jobs are the loop's)."""
+
+    def needs_individuals(self) -> dict[str, int]:
+        return {}
+
+    def provide(self, member: int, z: np.ndarray | None) -> None:
+        raise KeyError(member)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Plain data, without μ/var (the scheduler stores those as dist:{version})."""
+        return {"algo": self.cfg.algo, "dist": self.dist.state(arrays=False), "controller": self.controller.state(),
+                "dispatched": self.dispatched, "f_mu": self.f_mu, "f_mu_version": self.f_mu_version,
+                "best": self.best, "best_kept": self.best_kept, "recent_lens": list(self.recent_lens),
+                "told": self.told, "last_p": dict(self.last_p)}
+
+    def load_state(self, state: dict[str, Any]) -> AesrlOptimizer:
+        """Restore `state()` plus "mean" and "var" (the arrays of its version); returns self."""
+        if state.get("algo") != self.cfg.algo:
+            raise ValueError(f"optimizer state is of algo {state.get('algo')!r}, the run is {self.cfg.algo!r}")
+        dist_state = dict(state["dist"], mean=state["mean"], var=state["var"])
+        self.dist.load_state(dist_state)
+        self.controller.load_state(state["controller"])
+        self.dispatched = int(state["dispatched"])
+        self.f_mu, self.f_mu_version = float(state["f_mu"]), int(state["f_mu_version"])
+        self.best, self.best_kept = float(state["best"]), float(state["best_kept"])
+        self.recent_lens = deque((int(x) for x in state["recent_lens"]), maxlen=self.cfg.rl_steps_window)
+        self.told = int(state["told"])
+        self.last_p = {str(k): float(v) for k, v in state.get("last_p", {}).items()}
+        self._sigma = None
+        return self

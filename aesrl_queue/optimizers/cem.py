@@ -1,0 +1,319 @@
+"""The synchronous CEM-RL baselines, ask/tell style: `cemrl` asks one member at a time, `pcemrl` a whole
+generation at once; both tell the distribution once per generation, when every member is back.
+
+A generation: `population` antithetic members (the + halves first, then their mirrors, as the
+official code orders them); once the random phase is over the first half are RL members, with the
+critic trained before them (docs/decisions.md). Every member is one ordinary (version, seed) job.
+The state is plain data: after a restart the ES members already back are rebuilt from their seeds
+and the RL members from their stored individuals (`needs_individuals` / `provide`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from aesrl_queue import noise
+from aesrl_queue.config import RunConfig
+from aesrl_queue.distributions import make_distribution
+from aesrl_queue.optimizers.base import (
+    Evaluated,
+    JobSpec,
+    OptimizerFailed,
+    Update,
+    finite,
+    generation_seed,
+    job_id,
+)
+
+log = logging.getLogger(__name__)
+
+ALGOS = ("cemrl", "pcemrl")
+MAX_TRIES = 3  # dispatches of one member (lost or failed jobs) before the generation goes on without it
+
+
+def build_cem(cfg: RunConfig, mu: np.ndarray):
+    # The official aes-rl code decays damp by cemrl_tau = 0.90 per generation; the original CEM-RL
+    # (and our docs/algorithms.md) use 0.95.
+    return make_distribution("cem", mu, elite=cfg.population // 2, antithetic=True, var_init=cfg.var_init,
+                             damp_init=1e-3, damp_limit=1e-5, damp_tau=0.95)
+
+
+class CemOptimizer:
+    """CEM-RL (`cemrl`: serial, one job in flight) and P-CEM-RL (`pcemrl`: a generation at once)."""
+
+    def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
+        if cfg.algo not in ALGOS:
+            raise ValueError(f"CemOptimizer runs {', '.join(ALGOS)}, not {cfg.algo!r}")
+        self.cfg = cfg
+        self.serial = cfg.algo == "cemrl"
+        self.dist = build_cem(cfg, mu0)
+        self.gen: dict[str, Any] | None = None  # the open generation (plain data)
+        self.generation = 0  # index of the next generation to start
+        self.prev_gen_steps = 0  # episode steps of the last generation told (the critic's training budget)
+        self.critic_request = 0  # total critic steps asked of the daemon (critic_on_request)
+        self.dispatched = 0
+        self.n_rl = self.n_es = 1
+        self.f_mu, self.best, self.best_kept = math.nan, -math.inf, -math.inf
+        self.no_critic_gen = -1  # generation in which the critic did not come; its RL members run as ES
+        self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
+        self._need: dict[str, int] = {}  # stored individuals to fetch after a restart -> member
+        self._critic_wait: dict[str, Any] | None = None  # holds a clock value: not state
+
+    @property
+    def version(self) -> int:
+        return self.dist.version
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.dist.mean
+
+    @property
+    def var(self) -> np.ndarray:
+        return self.dist.var
+
+    @property
+    def waiting(self) -> bool:
+        return self._critic_wait is not None
+
+    def done(self, steps: int) -> bool:
+        """The budget is spent and no generation is open (a generation is always finished)."""
+        return self.gen is None and steps >= self.cfg.total_steps
+
+    def fields(self) -> dict[str, Any]:
+        out = {"version": self.version, "generation": self.generation, "prev_gen_steps": self.prev_gen_steps,
+               "critic_request": self.critic_request, "dispatched": self.dispatched, "n_rl": self.n_rl,
+               "n_es": self.n_es, "best_fitness": self.best}
+        if finite(self.f_mu):
+            out.update(f_mu=self.f_mu, f_mu_version=self.version)
+        return out
+
+    # -- ask -------------------------------------------------------------------------------------
+    def ask(self, n: int, steps: int, inflight: int, critic_version: int, now: float,
+            critic_steps: int = 0) -> list[JobSpec]:
+        """Members to dispatch now: cemrl the next one once nothing is in flight, pcemrl every member
+        not yet out (RL members only once their critic is trained). `n` (free worker slots) is not
+        a limit: a generation is dispatched whole."""
+        if self.gen is None:
+            if steps >= self.cfg.total_steps:
+                return []
+            self._start_generation(steps)
+        members = self.gen["members"]
+        pending = [i for i, m in enumerate(members) if not m["job"] and not m["done"] and not m["dropped"]]
+        if not pending:
+            return []
+        critic = (critic_steps, critic_version, now)
+        if self.serial:
+            if inflight:
+                return []
+            pending = pending[:1]
+        elif any(members[i]["kind"] == "rl" for i in pending) and not self._critic_ready(members[0], *critic):
+            return []
+        specs = []
+        for i in pending:
+            m = members[i]
+            if self.serial and m["kind"] == "rl" and not self._critic_ready(m, *critic):
+                break
+            kind = "es" if self.no_critic_gen == self.gen["g"] else m["kind"]
+            m["kind"] = kind
+            self.dispatched += 1
+            m["job"] = job_id(self.cfg.run_id, self.dispatched)
+            m["tries"] += 1
+            if kind == "rl":
+                self.n_rl += 1
+            else:
+                self.n_es += 1
+            specs.append({"kind": kind, "version": self.version, "seed": m["seed"], "n": self.dispatched,
+                          "rl_steps": self.gen["rl_steps"] if kind == "rl" else 0, "random": m["random"],
+                          "extra": {"generation": self.gen["g"], "member": i}})
+        return specs
+
+    def _start_generation(self, steps: int) -> None:
+        cfg = self.cfg
+        g = self.generation
+        seeds, _pop = self.dist.ask(cfg.population, generation_seed(cfg.seed, g))
+        pair_seeds = seeds[0::2]
+        # The official order: the + member of every pair first, then the mirrors; RL takes the first half.
+        member_seeds = [*pair_seeds, *[noise.mirrored(s) for s in pair_seeds]]
+        prev_steps = self.prev_gen_steps
+        rl_phase = steps >= max(cfg.initial_steps, cfg.batch_size) and prev_steps > 0
+        n_rl = cfg.population // 2 if rl_phase else 0
+        members = [{"kind": "rl" if i < n_rl else "es", "seed": int(seed), "job": "", "tries": 0, "done": False,
+                    "dropped": False, "random": steps < cfg.initial_steps, "critic": 0}
+                   for i, seed in enumerate(member_seeds)]
+        if n_rl and cfg.critic_on_request:
+            if self.serial:
+                # CEM-RL: critic steps before each RL member (the official interleaving).
+                per = max(1, prev_steps // n_rl)
+                for m in members[:n_rl]:
+                    m["critic"] = per
+            else:
+                members[0]["critic"] = prev_steps  # P-CEM-RL: all critic training before the generation
+        self.gen = {"g": g, "version": self.version, "members": members, "steps_at_start": steps,
+                    "rl_steps": min(cfg.rl_steps_max, prev_steps or cfg.max_episode_steps)}
+        self._z = {}
+        log.info("run %s: generation %d (version %d): %d RL + %d ES members, %d steps stored", cfg.run_id, g,
+                 self.version, n_rl, cfg.population - n_rl, steps)
+
+    def _critic_ready(self, m: dict[str, Any], critic_steps: int, critic_version: int, now: float) -> bool:
+        """Whether an RL member may be dispatched now (its critic training done, or a critic exists)."""
+        cfg = self.cfg
+        if self.no_critic_gen == self.gen["g"]:
+            return True
+        if self._critic_wait is None:
+            if cfg.critic_on_request:
+                target = self.critic_request + m["critic"]
+                if m["critic"]:
+                    self.critic_request = target  # written with the next commit: asked once, even across restarts
+                    m["critic"] = 0
+                self._critic_wait = {"steps": True, "target": target, "since": now}
+            else:
+                self._critic_wait = {"steps": False, "target": 1, "since": now}
+        w = self._critic_wait
+        if (critic_steps if w["steps"] else critic_version) >= w["target"]:
+            self._critic_wait = None
+            return True
+        if now - w["since"] > cfg.critic_wait:
+            log.warning("run %s: no critic trained within %.0fs — is `aesrl-queue critic start --run %s` running? "
+                        "generation %d evaluates its RL members without training", cfg.run_id, cfg.critic_wait,
+                        cfg.run_id, self.gen["g"])
+            self.no_critic_gen = self.gen["g"]
+            self._critic_wait = None
+            return True
+        return False
+
+    # -- tell ------------------------------------------------------------------------------------
+    def _member_of(self, job: str) -> int | None:
+        for i, m in enumerate(self.gen["members"] if self.gen else []):
+            if m["job"] == job:
+                return i
+        return None
+
+    def tell(self, ev: Evaluated, now: float = 0.0) -> Update:
+        """Record one member's result; the last member of a generation updates the distribution."""
+        i = self._member_of(ev.job)
+        if i is None:
+            raise ValueError(f"job {ev.job} is no member of the open generation")
+        if ev.version != self.version:
+            # The barrier makes this impossible unless someone else moved the run's version.
+            raise ValueError(f"job {ev.job} used version {ev.version}, generation {self.gen['g']} is version "
+                             f"{self.version}")
+        m = self.gen["members"][i]
+        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length), ind=ev.ind, worker=ev.worker)
+        if finite(ev.f_mu) and ev.f_mu_version == self.version:
+            m["f_mu"] = float(ev.f_mu)
+        self._z[i] = ev.z
+        self.best = max(self.best, ev.fitness)
+        f_mus = [mm["f_mu"] for mm in self.gen["members"] if mm["done"] and "f_mu" in mm]
+        self.f_mu = float(np.mean(f_mus)) if f_mus else math.nan
+        g = self.gen["g"]
+        told = all(mm["done"] or mm["dropped"] for mm in self.gen["members"])
+        mean_before = self.dist.mean
+        update = self._tell_generation() if told else Update(version=self.version)
+        sigma = np.sqrt(self.dist.var)
+        update.history = {
+            "job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
+            "version": self.version, "p": 0.0, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length, "t": now,
+            "worker": ev.worker, "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()),
+            "sigma_max": float(sigma.max()), "moved": float(np.linalg.norm(self.dist.mean - mean_before)),
+            "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps, "generation": g,
+            "member": i, "told": told, "dispatched_at": ev.enqueued_at}
+        if not ev.random and ev.fitness > self.best_kept:
+            self.best_kept = ev.fitness
+            update.best = {"params": ev.z, "fitness": ev.fitness, "job": ev.job, "kind": ev.kind,
+                           "version": self.version, "steps": ev.steps}
+        return update
+
+    def _tell_generation(self) -> Update:
+        """Update the distribution from the members that returned and close the generation."""
+        members = self.gen["members"]
+        done = [i for i, m in enumerate(members) if m["done"]]
+        pop = np.stack([self._z[i] for i in done])
+        fits = np.array([members[i]["fitness"] for i in done], dtype=np.float64)
+        self.dist.tell(pop, fits)
+        self.prev_gen_steps = sum(int(members[i]["len"]) for i in done)
+        log.info("run %s: generation %d told (best f(z) %.1f, mean %.1f) -> version %d", self.cfg.run_id,
+                 self.gen["g"], float(fits.max()), float(fits.mean()), self.version)
+        self.generation = self.gen["g"] + 1
+        self.gen, self._z = None, {}
+        return Update(version=self.version, moved=True, mean=self.dist.mean, var=self.dist.var)
+
+    def lost(self, job: str, retry: bool = True) -> Update | None:
+        """A member's job will not report: dispatch the member again, or drop it after MAX_TRIES (or
+        when retrying cannot help). A generation whose remaining members are all dropped is told
+        with those that returned; an Update is returned then."""
+        i = self._member_of(job)
+        if i is None:
+            return None
+        m = self.gen["members"][i]
+        m["job"] = ""
+        if not retry or m["tries"] >= MAX_TRIES:
+            m["dropped"] = True
+            log.warning("run %s: member %d of generation %d dropped after %d tries", self.cfg.run_id, i,
+                        self.gen["g"], m["tries"])
+        members = self.gen["members"]
+        if not all(mm["done"] or mm["dropped"] for mm in members):
+            return None
+        if sum(mm["done"] for mm in members) < self.cfg.population // 2:
+            raise OptimizerFailed(f"run {self.cfg.run_id}: generation {self.gen['g']} lost more than half its "
+                                  "members; see the failed results (`aesrl-queue status`)")
+        update = self._tell_generation()
+        update.applied = False
+        return update
+
+    # -- restart ---------------------------------------------------------------------------------
+    def reconcile(self, inflight: set[str]) -> None:
+        """After a restart: members whose job was forgotten meanwhile are dispatched again."""
+        for m in self.gen["members"] if self.gen else []:
+            if m["job"] and not m["done"] and m["job"] not in inflight:
+                m["job"] = ""
+
+    def needs_individuals(self) -> dict[str, int]:
+        """The stored individuals (their keys) of RL members that returned before a restart -> member."""
+        return dict(self._need)
+
+    def provide(self, member: int, z: np.ndarray | None) -> None:
+        """The stored individual of an RL member, or None when it is gone: the member runs again."""
+        m = self.gen["members"][member]
+        self._need.pop(m.get("ind", ""), None)
+        if z is None:
+            log.warning("run %s: RL member %d of generation %d is gone; evaluating it again", self.cfg.run_id,
+                        member, self.gen["g"])
+            m.update(done=False, job="")
+            m.pop("f_mu", None)
+        else:
+            self._z[member] = np.asarray(z, dtype=np.float32)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Plain data, without μ/var (stored as dist:{version}) and without the members' parameters."""
+        return {"algo": self.cfg.algo, "dist": self.dist.state(arrays=False), "gen": self.gen,
+                "generation": self.generation, "prev_gen_steps": self.prev_gen_steps,
+                "critic_request": self.critic_request, "dispatched": self.dispatched, "n_rl": self.n_rl,
+                "n_es": self.n_es, "f_mu": self.f_mu, "best": self.best, "best_kept": self.best_kept,
+                "no_critic_gen": self.no_critic_gen}
+
+    def load_state(self, state: dict[str, Any]) -> CemOptimizer:
+        """Restore `state()` plus "mean" and "var"; rebuilds the ES members already back from their
+        seeds, and lists the RL members' stored individuals for `provide`. Returns self."""
+        if state.get("algo") != self.cfg.algo:
+            raise ValueError(f"optimizer state is of algo {state.get('algo')!r}, the run is {self.cfg.algo!r}")
+        self.dist.load_state(dict(state["dist"], mean=state["mean"], var=state["var"]))
+        gen = state["gen"]
+        self.gen = None if gen is None else {**gen, "members": [dict(m) for m in gen["members"]]}
+        for name in ("generation", "prev_gen_steps", "critic_request", "dispatched", "n_rl", "n_es",
+                     "no_critic_gen"):
+            setattr(self, name, int(state[name]))
+        self.f_mu, self.best, self.best_kept = float(state["f_mu"]), float(state["best"]), float(state["best_kept"])
+        self._z, self._need, self._critic_wait = {}, {}, None
+        for i, m in enumerate(self.gen["members"] if self.gen else []):
+            if not m["done"]:
+                continue
+            if m["kind"] == "rl":
+                self._need[m["ind"]] = i
+            else:
+                self._z[i] = noise.sample(self.dist.mean, self.dist.var, m["seed"])
+        return self

@@ -1,0 +1,305 @@
+"""The ask/tell optimizers of every queue algorithm, without Redis: job specs, the numbers of each
+update worked out by hand, restart from plain data (including the mid-generation restart that once
+crashed the synchronous loop), and a property test: state() -> load_state() gives the same future.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aesrl_queue import codec, noise
+from aesrl_queue.config import RunConfig
+from aesrl_queue.optimizers import (
+    AesrlOptimizer,
+    CemOptimizer,
+    Evaluated,
+    OptimizerFailed,
+    job_seed,
+    load_optimizer,
+    make_optimizer,
+)
+from aesrl_queue.optimizers.cem import MAX_TRIES
+
+_CFGS: dict[tuple, RunConfig] = {}
+
+
+def config(algo: str, **kw) -> RunConfig:
+    key = (algo, *sorted(kw.items()))
+    if key not in _CFGS:  # resolve() makes the environment once per distinct config
+        _CFGS[key] = RunConfig.from_preset("AesrlNull-v0", algo=algo, hidden=(4,), run_id="opt", seed=3,
+                                           **kw).resolve()
+    return _CFGS[key]
+
+
+def mu0(cfg: RunConfig) -> np.ndarray:
+    return np.linspace(-0.5, 0.5, cfg.actor_dim, dtype=np.float32)
+
+
+def evaluated(opt, spec: dict, fitness: float, f_mu: float = math.nan, length: int = 50, steps: int = 0,
+              z: np.ndarray | None = None) -> Evaluated:
+    if z is None:
+        z = noise.sample(opt.mean, opt.var, spec["seed"])
+    return Evaluated(job=f"opt-j{spec['n']}", kind=spec["kind"], version=spec["version"], seed=spec["seed"], z=z,
+                     fitness=fitness, length=length, f_mu=f_mu, f_mu_version=spec["version"], steps=steps,
+                     random=spec.get("random", False), ind=f"ind:{spec['n']}" if spec["kind"] == "rl" else "")
+
+
+def roundtrip(opt):
+    """What a restart sees: the state through msgpack, μ/var as dist:{version} holds them."""
+    state = codec.unpack(codec.pack(opt.state()), what="state")
+    return load_optimizer(opt.cfg, {**state, "mean": opt.mean.copy(), "var": opt.var.copy()})
+
+
+# -- AES-RL and its asynchronous relatives ---------------------------------------------------------------
+def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_exists() -> None:
+    cfg = config("aesrl", initial_steps=100, batch_size=32)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(3, steps=0, inflight=0, critic_version=0, now=0.0)
+    assert [s["n"] for s in specs] == [1, 2, 3]
+    assert [s["seed"] for s in specs] == [job_seed(cfg.seed, n) for n in (1, 2, 3)]
+    assert all(s["kind"] == "es" and s["random"] and s["version"] == 0 for s in specs)
+    # Past the random phase, no critic yet: jobs are held for critic_wait seconds, then ES goes on.
+    assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0) == []
+    assert opt.waiting
+    late = opt.ask(1, steps=200, inflight=0, critic_version=0, now=10.0 + cfg.critic_wait)
+    assert [s["kind"] for s in late] == ["es"] and not late[0]["random"]
+    kinds = [s["kind"] for s in opt.ask(40, steps=200, inflight=0, critic_version=1, now=11.0 + cfg.critic_wait)]
+    assert not opt.waiting
+    assert 10 < kinds.count("rl") < 30  # the P controller holds the share near rl_ratio = 0.5
+    assert opt.controller.n_rl == 1 + kinds.count("rl") and opt.controller.n_es == 1 + kinds.count("es")
+
+
+def test_es_never_asks_rl_and_no_job_that_would_overshoot_the_budget() -> None:
+    cfg = config("es", total_steps=1000)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    assert {s["kind"] for s in opt.ask(20, steps=0, inflight=0, critic_version=5, now=0.0)} == {"es"}
+    opt.recent_lens.extend([50] * 5)
+    assert opt.ask(5, steps=900, inflight=2, critic_version=5, now=0.0) == []  # 900 + 2·50 >= 1000
+    assert len(opt.ask(5, steps=800, inflight=2, critic_version=5, now=0.0)) == 5
+
+
+def test_aesrl_tell_moves_mu_by_the_baseline_relative_ratio_with_the_adaptive_scale() -> None:
+    cfg = config("aesrl", initial_steps=0)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    *first, spec = opt.ask(5, steps=0, inflight=0, critic_version=0, now=0.0)
+    for s, gap in zip(first, (-20.0, 30.0, -40.0, 50.0), strict=True):  # too few gaps to know their spread
+        up = opt.tell(evaluated(opt, s, fitness=100.0 + gap, f_mu=100.0), now=1.0)
+        assert not up.moved and up.history["told"] and up.history["p"] == 0.0
+    mu, ev = opt.mean.copy(), evaluated(opt, spec, fitness=110.0, f_mu=100.0)
+    up = opt.tell(ev, now=5.0)
+    r = 1.4826 * 30.0  # gaps -20, 30, -40, 50, 10: median 10, deviations 30, 20, 50, 40, 0
+    p = (10.0 + r) / (10.0 + 2 * r)
+    assert up.moved and up.version == opt.version == 1
+    assert up.history["p"] == pytest.approx(p) and up.history["r"] == pytest.approx(r)
+    assert up.history["f_ref"] == 100.0 and up.history["t"] == 5.0 and up.history["told"]
+    np.testing.assert_allclose(opt.mean, (1 - p) * mu + p * ev.z, rtol=1e-5, atol=1e-6)
+    assert opt.fields()["best_fitness"] == 150.0 and opt.fields()["f_mu"] == 100.0
+
+
+def test_aesrl_does_not_tell_random_action_results_with_an_adaptive_scale() -> None:
+    cfg = config("aesrl", initial_steps=1000)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    up = opt.tell(evaluated(opt, spec, fitness=500.0, f_mu=0.0), now=0.0)
+    assert not up.moved and not up.history["told"] and up.history["p"] == 0.0 and opt.told == 0
+    assert up.best is None  # a random-action episode is no individual worth exporting
+    assert opt.fields()["best_fitness"] == 500.0
+
+
+def test_unpaired_aesrl_compares_with_the_newest_f_mu() -> None:
+    cfg = config("aesrl", initial_steps=0, mean_eval_paired=False)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    a, b = opt.ask(2, steps=0, inflight=0, critic_version=0, now=0.0)
+    opt.tell(evaluated(opt, a, fitness=3.0, f_mu=7.0))
+    up = opt.tell(evaluated(opt, b, fitness=1.0, f_mu=math.nan))
+    assert up.history["f_ref"] == 7.0
+
+
+def test_invalid_tell_changes_nothing() -> None:
+    cfg = config("aesrl", initial_steps=0)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    before = codec.pack(opt.state())
+    bad = evaluated(opt, spec, fitness=1.0, f_mu=0.0, z=np.full(cfg.actor_dim, np.nan, dtype=np.float32))
+    with pytest.raises(ValueError):
+        opt.tell(bad)
+    assert codec.pack(opt.state()) == before
+
+
+def test_opo_takes_a_better_individual_as_the_mean() -> None:
+    cfg = config("opo", initial_steps=0)
+    opt = make_optimizer(cfg, mu0(cfg))
+    [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    ev = evaluated(opt, spec, fitness=2.0, f_mu=1.0)
+    assert opt.tell(ev).moved
+    np.testing.assert_array_equal(opt.mean, ev.z)
+
+
+def test_acemrl_tells_one_result_at_a_time() -> None:
+    cfg = config("acemrl", initial_steps=0)
+    opt = make_optimizer(cfg, mu0(cfg))
+    for spec in opt.ask(6, steps=0, inflight=0, critic_version=0, now=0.0):
+        up = opt.tell(evaluated(opt, spec, fitness=float(spec["n"]), f_mu=0.0))
+        assert up.history["version"] == opt.version
+
+
+# -- CEM-RL and P-CEM-RL ------------------------------------------------------------------------------------
+def test_cemrl_asks_one_member_at_a_time_and_pcemrl_a_whole_generation() -> None:
+    serial = make_optimizer(config("cemrl", initial_steps=0, population=4), mu0(config("cemrl", initial_steps=0,
+                                                                                       population=4)))
+    [first] = serial.ask(8, steps=0, inflight=0, critic_version=0, now=0.0)
+    assert serial.ask(8, steps=0, inflight=1, critic_version=0, now=0.0) == []
+    assert first["extra"] == {"generation": 0, "member": 0}
+    cfg = config("pcemrl", initial_steps=0, population=4)
+    par = make_optimizer(cfg, mu0(cfg))
+    specs = par.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    assert [s["extra"]["member"] for s in specs] == [0, 1, 2, 3] and all(s["kind"] == "es" for s in specs)
+    # + halves first, then their mirrors: member i + 2 is the antithetic partner of member i.
+    assert specs[2]["seed"] == noise.mirrored(specs[0]["seed"])
+    assert par.ask(1, steps=0, inflight=4, critic_version=0, now=0.0) == []
+
+
+def test_pcemrl_tells_the_weighted_elite_once_the_generation_is_back() -> None:
+    cfg = config("pcemrl", initial_steps=0, population=4)
+    opt = CemOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    mu, damp = opt.mean.astype(np.float64), opt.dist.damp
+    evs = [evaluated(opt, s, fitness=f, length=10) for s, f in zip(specs, [1.0, 4.0, 3.0, 2.0], strict=True)]
+    for ev in evs[:3]:
+        up = opt.tell(ev)
+        assert not up.moved and not up.history["told"] and opt.version == 0
+    up = opt.tell(evs[3])
+    assert up.moved and up.history["told"] and opt.version == 1 and opt.gen is None
+    # Elite of 2: members 1 (f=4) and 2 (f=3), weights ∝ log(3/1), log(3/2).
+    w = np.log([3.0, 1.5]) / np.log([3.0, 1.5]).sum()
+    elite = np.stack([evs[1].z, evs[2].z]).astype(np.float64)
+    np.testing.assert_allclose(opt.mean, w @ elite, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(opt.var, (w @ (elite - mu) ** 2) / 2 + damp, rtol=1e-5)
+    assert opt.fields()["generation"] == 1 and opt.prev_gen_steps == 40
+
+
+def test_pcemrl_requests_critic_training_before_its_rl_members() -> None:
+    cfg = config("pcemrl", initial_steps=0, population=4, batch_size=8)
+    opt = CemOptimizer(cfg, mu0(cfg))
+    for s in opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0):
+        opt.tell(evaluated(opt, s, fitness=1.0, length=25))
+    assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=0, now=1.0) == []
+    assert opt.waiting and opt.fields()["critic_request"] == 100  # the last generation's 100 steps
+    specs = opt.ask(1, steps=100, inflight=0, critic_version=1, critic_steps=100, now=2.0)
+    assert [s["kind"] for s in specs] == ["rl", "rl", "es", "es"] and specs[0]["rl_steps"] == 100
+
+
+def test_a_generation_resumes_mid_way_from_plain_state() -> None:
+    """The restart that crashed the old synchronous loop (KeyError at its tell): ES members that
+    returned before the restart are rebuilt from their seeds, RL members from their stored individuals."""
+    cfg = config("pcemrl", initial_steps=0, population=6, batch_size=8)
+    opt = CemOptimizer(cfg, mu0(cfg))
+    for s in opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0):
+        opt.tell(evaluated(opt, s, fitness=float(s["n"]), length=25))
+    specs = opt.ask(1, steps=200, inflight=0, critic_version=1, critic_steps=10**6, now=0.0)
+    assert [s["kind"] for s in specs].count("rl") == 3
+    trained = {s["n"]: noise.sample(opt.mean, opt.var, s["seed"]) + 0.01 for s in specs if s["kind"] == "rl"}
+    evs = [evaluated(opt, s, fitness=float(-s["n"] % 7), z=trained.get(s["n"])) for s in specs]
+    for ev in evs[:4]:  # two RL and two ES members back (members 0, 1, 2 are RL)
+        opt.tell(ev)
+    twin = roundtrip(opt)
+    assert twin.needs_individuals() == {evs[0].ind: 0, evs[1].ind: 1, evs[2].ind: 2}
+    for _key, member in twin.needs_individuals().items():
+        twin.provide(member, trained[specs[member]["n"]] if member < 2 else None)  # member 2's individual expired
+    twin.reconcile({evs[4].job, evs[5].job})
+    assert [s["extra"]["member"] for s in twin.ask(1, steps=300, inflight=2, critic_version=1,
+                                                   critic_steps=10**6, now=0.0)] == [2]
+    for ev in (evs[4], evs[5]):
+        opt.tell(ev)
+        twin.tell(ev)
+    assert opt.version == 2 and twin.version == 1  # the twin still waits for member 2
+    again = twin.gen["members"][2]["job"]
+    up = twin.tell(Evaluated(job=again, kind="rl", version=1, seed=specs[2]["seed"], z=evs[2].z,
+                             fitness=evs[2].fitness, length=50))
+    assert up.moved
+    np.testing.assert_array_equal(twin.mean, opt.mean)
+    np.testing.assert_array_equal(twin.var, opt.var)
+
+
+def test_lost_members_run_again_then_drop_and_half_a_generation_fails_the_run() -> None:
+    cfg = config("pcemrl", initial_steps=0, population=4)
+    opt = CemOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    job = f"opt-j{specs[0]['n']}"
+    assert opt.lost(job) is None
+    for _ in range(MAX_TRIES - 1):
+        [again] = opt.ask(1, steps=0, inflight=3, critic_version=0, now=0.0)
+        assert again["extra"]["member"] == 0
+        opt.lost(f"opt-j{again['n']}")
+    assert opt.gen["members"][0]["dropped"]
+    for s in specs[1:3]:
+        opt.tell(evaluated(opt, s, fitness=1.0))
+    up = opt.lost(f"opt-j{specs[3]['n']}", retry=False)  # 2 of 4 back: told without the dropped ones
+    assert up is not None and up.moved and not up.applied and opt.version == 1
+    specs = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    opt.tell(evaluated(opt, specs[0], fitness=1.0))
+    opt.lost(f"opt-j{specs[1]['n']}", retry=False)
+    opt.lost(f"opt-j{specs[2]['n']}", retry=False)
+    with pytest.raises(OptimizerFailed):
+        opt.lost(f"opt-j{specs[3]['n']}", retry=False)
+
+
+# -- the law every optimizer keeps: its state is its future ----------------------------------------------
+ALGOS = [("aesrl", {}), ("aesrl", {"r": 50.0}), ("es", {}), ("opo", {}), ("acemrl", {}), ("cemrl", {}),
+         ("pcemrl", {}), ("pcemrl", {"parallel_critic": True})]
+
+
+def drive(opt, ops: list[tuple[int, float]], steps0: int) -> list:
+    """Apply (action, number) ops; log what comes out (asks and tells) as comparable plain data."""
+    out, pending, steps = [], [], steps0
+    for action, x in ops:
+        if action == 0 or not pending:
+            specs = opt.ask(int(abs(x)) % 4 + 1, steps=steps, inflight=len(pending), critic_version=1,
+                            critic_steps=10**9, now=1000.0)
+            pending += specs
+            out.append(("ask", [sorted((k, str(v)) for k, v in s.items()) for s in specs]))
+        elif action == 1:
+            spec = pending.pop(int(abs(x)) % len(pending))
+            z = noise.sample(opt.mean, opt.var, spec["seed"])
+            steps += 20
+            try:
+                up = opt.tell(evaluated(opt, spec, fitness=x, f_mu=x / 2, length=20, steps=steps, z=z), now=1.0)
+            except ValueError as exc:
+                out.append(("rejected", str(exc)))
+                continue
+            hist = {k: v for k, v in (up.history or {}).items() if not (isinstance(v, float) and math.isnan(v))}
+            out.append(("tell", up.version, up.moved, sorted((k, str(v)) for k, v in hist.items()),
+                        opt.mean.tobytes(), opt.var.tobytes()))
+        else:
+            spec = pending.pop(int(abs(x)) % len(pending))
+            try:
+                up = opt.lost(f"opt-j{spec['n']}", retry=x > 0)
+            except OptimizerFailed:
+                out.append(("failed",))
+                break
+            out.append(("lost", None if up is None else (up.version, opt.mean.tobytes())))
+    return out
+
+
+@pytest.mark.parametrize(("algo", "kw"), ALGOS, ids=[f"{a}{'-' + '-'.join(k) if k else ''}" for a, k in ALGOS])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=st.lists(st.tuples(st.integers(0, 2), st.floats(-100, 100)), max_size=25),
+       after=st.lists(st.tuples(st.integers(0, 2), st.floats(-100, 100)), max_size=25),
+       steps0=st.sampled_from([0, 10_000]))
+def test_state_then_load_state_gives_the_same_asks_and_tells(algo, kw, before, after, steps0) -> None:
+    cfg = config(algo, initial_steps=500, batch_size=8, population=4, **kw)
+    opt = make_optimizer(cfg, mu0(cfg))
+    try:
+        drive(opt, before, steps0)
+    except OptimizerFailed:
+        return
+    twin = roundtrip(opt)
+    for _key, member in twin.needs_individuals().items():  # what the loop fetches from Redis
+        twin.provide(member, opt._z[member])
+    from_twin = drive(twin, after, steps0 + 10_000)
+    assert drive(opt, after, steps0 + 10_000) == from_twin
