@@ -27,7 +27,7 @@ from aesrl_queue import noise
 from aesrl_queue.config import RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
-from aesrl_queue.optimizers.base import Evaluated, JobSpec, Update, finite, job_seed
+from aesrl_queue.optimizers.base import Evaluated, JobSpec, OwnsDistribution, Update, finite, job_seed
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def build_distribution(cfg: RunConfig, mu: np.ndarray):
     raise ValueError(f"algo {cfg.algo!r} has no asynchronous distribution; use one of {', '.join(ALGOS)}")
 
 
-class AesrlOptimizer:
+class AesrlOptimizer(OwnsDistribution):
     """One asynchronous run: ask jobs, tell results one at a time (update after every result)."""
 
     def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
@@ -76,18 +76,6 @@ class AesrlOptimizer:
         self._warned_no_critic = -math.inf
 
     # -- what the loop reads ---------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self.dist.version
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.dist.mean
-
-    @property
-    def var(self) -> np.ndarray:
-        return self.dist.var
-
     @property
     def waiting(self) -> bool:
         """Holding jobs back for something outside (the first critic): poll often."""

@@ -78,5 +78,23 @@ class Update:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class OwnsDistribution:
+    """What the loop reads of an optimizer's search distribution (`self.dist`): version, μ, var."""
+
+    dist: Any
+
+    @property
+    def version(self) -> int:
+        return self.dist.version
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.dist.mean
+
+    @property
+    def var(self) -> np.ndarray:
+        return self.dist.var
+
+
 class OptimizerFailed(RuntimeError):
     """The run cannot go on (e.g. a generation lost more than half its members)."""

@@ -23,6 +23,7 @@ from aesrl_queue.optimizers.base import (
     Evaluated,
     JobSpec,
     OptimizerFailed,
+    OwnsDistribution,
     Update,
     finite,
     generation_seed,
@@ -42,7 +43,7 @@ def build_cem(cfg: RunConfig, mu: np.ndarray):
                              damp_init=1e-3, damp_limit=1e-5, damp_tau=0.95)
 
 
-class CemOptimizer:
+class CemOptimizer(OwnsDistribution):
     """CEM-RL (`cemrl`: serial, one job in flight) and P-CEM-RL (`pcemrl`: a generation at once)."""
 
     def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
@@ -62,18 +63,6 @@ class CemOptimizer:
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
         self._need: dict[str, int] = {}  # stored individuals to fetch after a restart -> member
         self._critic_wait: dict[str, Any] | None = None  # holds a clock value: not state
-
-    @property
-    def version(self) -> int:
-        return self.dist.version
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.dist.mean
-
-    @property
-    def var(self) -> np.ndarray:
-        return self.dist.var
 
     @property
     def waiting(self) -> bool:
