@@ -555,6 +555,26 @@ class Store:
         (pipe or self.r).hset(self.key("best"), mapping={"params": codec.encode_array(best["params"]),
                                                           **{k: _fmt(v) for k, v in fields.items()}})
 
+    # -- raw reads for the overhead benchmark (sizes of what travels and what is kept) ----------
+    def dist_sizes(self, version: int) -> tuple[int, int]:
+        """Bytes of the encoded μ and var of `version` as stored."""
+        key = self.key(f"dist:{version}")
+        return int(self.r.hstrlen(key, "mu")), int(self.r.hstrlen(key, "var"))
+
+    def last_entry(self, stream: str) -> dict[bytes, bytes]:
+        """The newest entry of the run's `history`, `results` or `replay` stream (raw fields)."""
+        if stream not in ("history", "results", "replay"):
+            raise ValueError(f"no stream {stream!r}")
+        return self.r.xrevrange(self.key(stream), count=1)[0][1]
+
+    def result_entry(self, entry_id: str) -> dict[bytes, bytes]:
+        """One results-stream entry by id (raw fields)."""
+        return self.r.xrange(self.key("results"), min=entry_id, max=entry_id)[0][1]
+
+    def set_ref(self, job: str, version: int) -> None:
+        """Record that `job` uses `version`, as the worker's start-job script does."""
+        self.r.hset(self.key("refs"), job, version)
+
     def best_raw(self) -> dict[bytes, bytes]:
         """The `best` hash as stored (params encoded; empty when the run kept none)."""
         return self.r.hgetall(self.key("best"))
@@ -604,16 +624,26 @@ class Store:
         return n
 
 
+def rq_job_key(job: str) -> str:
+    """RQ's own hash of `job` (its fields are RQ's; read them only through RQ or the helpers here)."""
+    return f"rq:job:{job}"
+
+
+def rq_results_key(job: str) -> str:
+    """RQ's stream of the results of `job`."""
+    return f"rq:results:{job}"
+
+
 def rq_job_status(pipe, job: str) -> None:
     """Queue a read of RQ's own status of `job` (its `rq:job:{id}` hash) on `pipe`."""
-    pipe.hget(f"rq:job:{job}", "status")
+    pipe.hget(rq_job_key(job), "status")
 
 
 def rq_failure_text(client: redis.Redis, job: str) -> str:
     """The exception text RQ stored for a failed job (its latest result), read without RQ's
     serializer: only the plain, compressed exc_string field is decoded."""
     try:
-        entries = client.xrevrange(f"rq:results:{job}", count=1)
+        entries = client.xrevrange(rq_results_key(job), count=1)
         raw = entries[0][1].get(b"exc_string") if entries else None
         return zlib.decompress(base64.b64decode(raw)).decode(errors="replace") if raw else "RQ marked it failed"
     except (redis.RedisError, ValueError, zlib.error, IndexError) as exc:

@@ -42,7 +42,7 @@ from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.procs import ProcessGroup  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
-from aesrl_queue.store import live_workers  # noqa: E402
+from aesrl_queue.store import live_workers, rq_job_key, rq_results_key  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "overhead.json"
 NOOP = "workers.jobs.noop"
@@ -216,7 +216,7 @@ def bench_noop(client: redis.Redis, url: str, kids: Children, worker_class: str,
     cpu1, cmd1 = redis_counters(client)
     pipe = client.pipeline(transaction=False)
     for jid in ids:
-        pipe.hmget(f"rq:job:{jid}", ["status", "started_at", "ended_at", "worker_name"])
+        pipe.hmget(rq_job_key(jid), ["status", "started_at", "ended_at", "worker_name"])
     starts, ends, done = [], [], 0
     per_worker: dict[bytes, list[float]] = {}
     for status, started, ended, worker in pipe.execute():
@@ -400,7 +400,10 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     from scheduler.common import job_seed
     from scheduler.loop import Scheduler
 
-    cfg = RunConfig.from_preset("HalfCheetah-v5", algo="es", rl_ratio=0.0, hidden=hidden,
+    # A fixed r and baseline-relative (not es's adaptive scale and fixed-linear): every result then
+    # moves μ and var, the path whose cost this measures.
+    cfg = RunConfig.from_preset("HalfCheetah-v5", algo="es", rl_ratio=0.0, hidden=hidden, r=2000.0,
+                                mean_rule="baseline-relative",
                                 run_id=f"bench-apply-{label}-{uuid.uuid4().hex[:6]}").resolve()
     sched = Scheduler(client, blocking, cfg)
     sched.setup()
@@ -416,7 +419,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
         version = sched.version
         [job] = sched.dispatch.enqueue([{"kind": "es", "version": version, "seed": seed, "n": n}],
                                        incr={"dispatched": 1})
-        client.hset(store.key("refs"), job, version)  # what the worker's start-job script records
+        store.set_ref(job, version)  # what the worker's start-job script records
         # Fitness near f(μ): with r = 2000, p ≈ 0.5 so every apply moves μ (the expensive path).
         store.append_result(es_result_fields(cfg, job, version, seed, float(1000 + 50 * rng.standard_normal()),
                                              1000.0, 1000, steps=1000 * n), extra_interactions=1000)
@@ -474,10 +477,9 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     perturb_numpy_ms = (time.perf_counter() - t) / reps * 1e3
 
     # Bytes: the dist:{v} blobs a job downloads, an ES job hash and result entry, an RL job and ind:{job}.
-    mu_len = client.hstrlen(store.key(f"dist:{sched.version}"), "mu")
-    var_len = client.hstrlen(store.key(f"dist:{sched.version}"), "var")
-    hist_entry = client.xrevrange(store.key("history"), count=1)[0][1]
-    es_entry = client.xrevrange(store.key("results"), count=1)[0][1]
+    mu_len, var_len = store.dist_sizes(sched.version)
+    hist_entry = store.last_entry("history")
+    es_entry = store.last_entry("results")
     counter[0] += 1
     rl_job = sched.dispatch.enqueue([{"kind": "rl", "version": sched.version, "seed": job_seed(cfg.seed, counter[0]),
                                       "n": counter[0], "rl_steps": 10_000}])[0]
@@ -486,12 +488,12 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     rl_fields = dict(es_result_fields(cfg, rl_job, sched.version, 1, 1000.0, 1000.0, 1000), kind="rl",
                      rl_steps=10_000, ind=ind_key, train_time=12.345678901234567)
     rl_entry_id = store.append_result(rl_fields)
-    rl_entry = client.xrange(store.key("results"), min=rl_entry_id, max=rl_entry_id)[0][1]
+    rl_entry = store.result_entry(rl_entry_id)
     episode = {"obs": rng.standard_normal((1000, cfg.obs_dim)), "act": rng.uniform(-1, 1, (1000, cfg.act_dim)),
                "rew": rng.standard_normal(1000), "next_obs": rng.standard_normal((1000, cfg.obs_dim)),
                "done": np.zeros(1000)}
     store.append_episode(episode, rl_job)
-    replay_entry = client.xrevrange(store.key("replay"), count=1)[0][1]
+    replay_entry = store.last_entry("replay")
     queued_es = f"{cfg.run_id}-j{counter[0] - 1}"  # last ES job: its result was applied, its RQ job still queued
     out = {
         "label": label, "hidden": list(hidden), "dim": dim, "n": n_apply, "moved": moved,
@@ -513,13 +515,13 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
 
 
 def job_hash_bytes(client: redis.Redis, job_id: str) -> dict[str, Any]:
-    key = f"rq:job:{job_id}"
+    key = rq_job_key(job_id)
     fields = client.hgetall(key)
     if not fields:
         return {"total": None, "data": None, "memory": None, "fields": 0}
     return {"total": entry_bytes(fields), "data": len(fields.get(b"data", b"")),
             "memory": client.memory_usage(key), "fields": len(fields),
-            "results_stream": stream_bytes(client, f"rq:results:{job_id}")}
+            "results_stream": stream_bytes(client, rq_results_key(job_id))}
 
 
 def stream_bytes(client: redis.Redis, key: str) -> int | None:
