@@ -169,3 +169,14 @@ class ProcessGroup:
     def kill_all(self, grace: float = 1.0) -> list[str]:
         """Stop every child (subclasses may give `stop` another signature; this one is fixed)."""
         return stop_all(self.procs, grace=grace)
+
+
+def worker_command(url: str, burst: bool = False, name: str | None = None) -> list[str]:
+    """The command line of one `rq worker` of ours (AesrlWorker, both queues, RL first)."""
+    cmd = [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u", url,
+           "--logging_level", "WARNING"]
+    if burst:
+        cmd.append("--burst")
+    if name:
+        cmd += ["-n", name]
+    return cmd + ["aesrl-rl", "aesrl-es"]

@@ -575,9 +575,24 @@ class Store:
         """Record that `job` uses `version`, as the worker's start-job script does."""
         self.r.hset(self.key("refs"), job, version)
 
-    def best_raw(self) -> dict[bytes, bytes]:
-        """The `best` hash as stored (params encoded; empty when the run kept none)."""
-        return self.r.hgetall(self.key("best"))
+    def read_best(self) -> dict[str, Any] | None:
+        """The best individual the scheduler kept (`best` hash: params decoded, fitness, version,
+        steps, job, kind), or None when there is none or it is unusable."""
+        raw = self.r.hgetall(self.key("best"))
+        if not raw or b"params" not in raw:
+            return None
+        try:
+            params = codec.decode_array(raw[b"params"], size=self.config().actor_dim, what="best individual")
+        except CodecError as exc:
+            log.warning("best individual unusable: %s", exc)
+            return None
+        out: dict[str, Any] = {"params": params}
+        for k, v in ((_text(k), _text(v)) for k, v in raw.items() if k != b"params"):
+            try:
+                out[k] = float(v) if k == "fitness" else int(v) if k in ("version", "steps") else v
+            except ValueError:
+                out[k] = v
+        return out
 
     def inflight_count(self) -> int:
         return int(self.r.hlen(self.key("inflight")))

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         mode["evals"] = args.evals
     evals, mean_s = mode["evals"], mode["mean_s"]
     t_start = time.time()
-    from cli.main import worker_command
+    from aesrl_queue.procs import worker_command
 
     server = RedisServer()
     server.start()

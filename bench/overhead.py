@@ -256,7 +256,7 @@ def wait_workers(client: redis.Redis, n: int, kids: Children, names: list[str], 
 def bench_e2e(client: redis.Redis, blocking: redis.Redis, url: str, kids: Children, steps: int,
               n_workers: int) -> dict[str, Any]:
     """A real Scheduler (in a thread of this process) with W `rq worker -w workers.AesrlWorker` children."""
-    from cli.main import worker_command
+    from aesrl_queue.procs import worker_command
     from scheduler.loop import Scheduler
 
     cfg = RunConfig.from_preset("AesrlNull-v0", algo="es", rl_ratio=0.0, total_steps=steps, hidden=(8, 8),

@@ -54,7 +54,6 @@ def _load_folder(src: Path, which: str) -> dict[str, Any]:
 
 def _load_redis(client, run_id: str, which: str) -> dict[str, Any]:
     from aesrl_queue.store import Store
-    from cli.launch import read_best
 
     store = Store(client, run_id)
     if not store.exists():
@@ -62,7 +61,7 @@ def _load_redis(client, run_id: str, which: str) -> dict[str, Any]:
     cfg = store.config()
     config = json.loads(json.dumps(cfg.to_dict(), default=str))
     if which == "best":
-        best = read_best(store)
+        best = store.read_best()
         if best is None:
             raise ExportError(f"run {run_id} has no best individual stored yet; export --which mu")
         return {"params": best["params"], "config": config, "which": "best",

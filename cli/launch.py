@@ -20,14 +20,11 @@ from typing import Any
 import click
 import numpy as np
 
-from aesrl_queue import codec
-from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect, redact
-from aesrl_queue.procs import ProcessGroup
+from aesrl_queue.procs import ProcessGroup, worker_command
 from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import Store
-from cli.main import worker_command
 from cli.metrics import MetricsWriter
 from cli.report import summary_numbers
 
@@ -257,26 +254,6 @@ def echo(message: str = "", err: bool = False) -> bool:
         return False
 
 
-def read_best(store: Store) -> dict[str, Any] | None:
-    """The best individual the scheduler kept (`best` hash), or None when there is none."""
-    raw = store.best_raw()
-    if not raw or b"params" not in raw:
-        return None
-    try:
-        params = codec.decode_array(raw[b"params"], size=store.config().actor_dim, what="best individual")
-    except CodecError as exc:
-        log.warning("best individual unusable: %s", exc)
-        return None
-    meta = {k.decode(): v.decode() for k, v in raw.items() if k != b"params"}
-    out: dict[str, Any] = {"params": params}
-    for k, v in meta.items():
-        try:
-            out[k] = float(v) if k == "fitness" else int(v) if k in ("version", "steps") else v
-        except ValueError:
-            out[k] = v
-    return out
-
-
 def write_policy(run_dir: Path, store: Store) -> Path:
     """policy.npz: the current μ and var (and the best individual when kept), replaced atomically,
     so that a crash while writing a snapshot leaves the previous one intact."""
@@ -286,7 +263,7 @@ def write_policy(run_dir: Path, store: Store) -> Path:
     st = store.state()
     arrays: dict[str, Any] = {"mu": mu, "var": var, "version": version, "f_mu": st.get("f_mu", math.nan),
                               "f_mu_version": st.get("f_mu_version", -1), "steps": st.get("steps", 0)}
-    best = read_best(store)
+    best = store.read_best()
     if best is not None:
         arrays.update(best=best["params"], best_fitness=best.get("fitness", math.nan),
                       best_kind=str(best.get("kind", "")), best_job=str(best.get("job", "")))

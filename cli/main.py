@@ -315,16 +315,6 @@ def critic_start(redis_url, run, device, wait) -> None:
 
 
 # -- workers ------------------------------------------------------------------------------------------
-def worker_command(url: str, burst: bool = False, name: str | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u", url,
-           "--logging_level", "WARNING"]
-    if burst:
-        cmd.append("--burst")
-    if name:
-        cmd += ["-n", name]
-    return cmd + ["aesrl-rl", "aesrl-es"]
-
-
 @cli.command()
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
 @click.option("--processes", "-n", type=int, default=os.cpu_count() or 1, help="Worker processes to start (one per core).")
@@ -350,7 +340,7 @@ def worker(redis_url, processes, burst, read_url) -> None:
             fail(f"read-url: {exc}")
         env[READ_URL_ENV] = read_url
         click.echo(f"reading run data from replica {redact(read_url)}", err=True)
-    from aesrl_queue.procs import spawn
+    from aesrl_queue.procs import spawn, worker_command
 
     # Each worker gets SIGTERM (RQ's warm shutdown: the job in hand finishes) if this process dies,
     # even by kill -9: no orphaned workers keep taking jobs.
