@@ -436,6 +436,10 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
         # runs even when an earlier one failed.
         for s in previous:
             signal.signal(s, signal.SIG_IGN)
+        if view is not None and store is not None and outcome:
+            # Stopped early: the log ends with where the run got to (off a terminal the last plain
+            # line may be up to PLAIN_EVERY seconds old).
+            _step("a last progress line", lambda: view.update(store.state(), force=True))
         if view is not None:
             _step("closing the progress line", view.close)
         if outcome:

@@ -68,12 +68,13 @@ def test_cells_run_seed_major_and_parse():
         learning.parse_cells("Hopper-v5:es:1", learning.MODES["full"])  # es runs on Pendulum only
 
 
-def test_every_cell_shares_the_paper_settings():
+def test_every_cell_shares_the_same_settings():
     s = learning.MODES["full"]["HalfCheetah-v5"]
     for algo in s.algos:
         cell = learning.Cell("HalfCheetah-v5", algo, 1)
         cmd = learning.cell_command(cell, s, Path("/x"), Path("/x/c.json"))
-        assert cmd[cmd.index("--hidden") + 1] == "400,300" and cmd[cmd.index("--critic-hidden") + 1] == "400,300"
+        # The same networks for every algorithm (256-256: a 400-300 critic does not fit this machine's budget)
+        assert cmd[cmd.index("--hidden") + 1] == "256,256" and cmd[cmd.index("--critic-hidden") + 1] == "256,256"
         assert learning.cell_config(cell, s)["td3_start_steps"] == 10_000
         assert learning.cell_config(cell, s)["initial_steps"] == 10_000
     paper = learning.cell_command(learning.Cell("Hopper-v5", "aesrl-paper", 1), s, Path("/x"), None)
