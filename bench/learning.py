@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"  {c}" for c in todo))
         return 0
 
-    commit, t_start, failed = git_commit(), time.monotonic(), []
+    t_start, failed = time.monotonic(), []
     for i, cell in enumerate(todo, 1):
         hours = (time.monotonic() - t_start) / 3600
         if args.max_hours is not None and hours >= args.max_hours:
@@ -579,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
                   "for the next sitting", flush=True)
             break
         s = settings[cell.env]
+        cell_commit = git_commit()  # per cell: a sitting can span commits, and each cell runs the tree as it is
         load_start = os.getloadavg()
         print(f"[{i}/{len(todo)}] {cell} ...", end=" ", flush=True)
         folder, wall, outcome, cmd = run_cell(cell, s, runs_dir)
@@ -598,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                "wall_s": round(wall, 1), **stats,
                "settings": {**asdict(s), "describe": s.describe(), "workers": WORKERS, "mode": mode},
                "command": " ".join(Path(c).name if c == sys.executable else c for c in cmd),
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit,
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": cell_commit,
                "loadavg_start": [round(x, 2) for x in load_start],
                "loadavg_end": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count()}
         append_row(json_path, row)
