@@ -72,13 +72,6 @@ class FitnessScale:
     def adapts(self) -> bool:
         return self.mode != "fixed"
 
-    def peek(self, f_z: float, f_mu: float) -> float:
-        """The r that `update` would return, without recording anything."""
-        if self.mode == "fixed":
-            return self.r
-        sample = f_z - f_mu if self.mode == "adaptive" else f_z
-        return self._scale([*self._seen, sample][-self.window:])
-
     @property
     def ready(self) -> bool:
         """Enough gaps are known for r to mean something."""
