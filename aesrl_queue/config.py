@@ -217,11 +217,7 @@ class RunConfig:
         r = "paper" becomes the paper's number for the environment (an error where it gives none)."""
         self.validate()
         if self.r == "paper":
-            paper = paper_r(self.env_id)
-            if paper is None:
-                raise ConfigError("r", f"the paper gives no fitness scale for {self.env_id} (it has one for "
-                                       f"{', '.join(PAPER_R)}); pass a number or 'adaptive'")
-            self.r = paper
+            self.r = self.fitness_scale
         from aesrl_queue.rollout import env_dims  # torch-free: validation stays fast
 
         try:
@@ -288,7 +284,8 @@ class RunConfig:
         if self.r == "paper":
             paper = paper_r(self.env_id)
             if paper is None:
-                raise ConfigError("r", f"the paper gives no fitness scale for {self.env_id}")
+                raise ConfigError("r", f"the paper gives no fitness scale for {self.env_id} (it has one for "
+                                       f"{', '.join(PAPER_R)}); pass a number or 'adaptive'")
             return paper
         return self.r if isinstance(self.r, str) else float(self.r)
 
