@@ -59,6 +59,10 @@ class RunConfig:
     r_window: int = 100  # adaptive r: gaps f(z) - f(μ) it is computed from
     r_factor: float = 1.0  # adaptive r: multiple of the robust spread
     negative_ratio: float = 0.0  # fixed-linear only: weight of negative moves
+    positive_ratio: float = 1.0  # the paper's p_positive: share of p kept for a better individual
+    # whether an RL individual's step also updates the variance (the paper and its code: yes). It was
+    # not drawn from N(μ, var): its distance from μ is the gradient steps', not the spread of good samples.
+    rl_var_update: bool = True
     fixed_n: float = 10.0  # fixed variance rule: n
     var_init: float = 1e-3  # a variance, not a standard deviation
     var_floor: float = 1e-5
@@ -176,6 +180,7 @@ class RunConfig:
             need(isinstance(self.r, int | float) and not isinstance(self.r, bool) and math.isfinite(self.r)
                  and self.r > 0, "r", f"must be a positive number or one of {', '.join(R_MODES)}, got {self.r!r}")
         need(isinstance(self.mean_eval_paired, bool), "mean_eval_paired", "must be true or false")
+        need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
         need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")
         if self.run_id:
@@ -199,6 +204,8 @@ class RunConfig:
         for name in ("rl_gain", "policy_noise", "noise_clip", "expl_noise", "job_deadline", "critic_wait"):
             val = getattr(self, name)
             need(isinstance(val, int | float) and math.isfinite(val) and val >= 0, name, f"must be >= 0, got {val!r}")
+        need(isinstance(self.positive_ratio, int | float) and 0.0 < self.positive_ratio <= 1.0, "positive_ratio",
+             f"must be in (0, 1], got {self.positive_ratio!r}")
         need(self.var_floor <= self.var_init, "var_floor", "must not exceed var_init")
         need(self.population >= 2 and self.population % 2 == 0, "population", "must be an even number >= 2 (antithetic pairs)")
         for name in ("hidden", "critic_hidden"):

@@ -164,8 +164,8 @@ class AesrlDistribution(AsyncDistribution):
     """
 
     kind = "aesrl"
-    PARAMS = ("mean_rule", "var_rule", "r", "negative_ratio", "fixed_n", "var_init", "var_floor", "r_window",
-              "r_factor")
+    PARAMS = ("mean_rule", "var_rule", "r", "negative_ratio", "positive_ratio", "fixed_n", "var_init", "var_floor",
+              "r_window", "r_factor")
 
     def __init__(
         self,
@@ -174,6 +174,7 @@ class AesrlDistribution(AsyncDistribution):
         var_rule: str = "adaptive",
         r: float | str | None = None,
         negative_ratio: float = 0.0,
+        positive_ratio: float = 1.0,
         fixed_n: float = 10.0,
         var_init: float = 1e-3,
         var_floor: float = VAR_FLOOR,
@@ -204,6 +205,9 @@ class AesrlDistribution(AsyncDistribution):
         self.r = r
         self.r_mode = self.scale.mode if self.scale is not None else "fixed"
         self.negative_ratio = _real("negative_ratio", negative_ratio, nonnegative=True)
+        self.positive_ratio = _real("positive_ratio", positive_ratio, positive=True)
+        if self.positive_ratio > 1:
+            raise ValueError(f"positive_ratio must be in (0, 1], got {self.positive_ratio}")
         self.fixed_n = _real("fixed_n", fixed_n, positive=True)
         self.var_floor = _real("var_floor", var_floor, nonnegative=True)
 
@@ -213,6 +217,7 @@ class AesrlDistribution(AsyncDistribution):
             "var_rule": self.var_rule,
             "r": self.r_mode if self.scale is not None else self.r,
             "negative_ratio": self.negative_ratio,
+            "positive_ratio": self.positive_ratio,
             "fixed_n": self.fixed_n,
             "var_floor": self.var_floor,
         }
@@ -220,10 +225,15 @@ class AesrlDistribution(AsyncDistribution):
     def tell(self, z: Any, f_z: float, f_mu: float) -> float:
         return self.tell_step(z, f_z, f_mu)[0]
 
-    def tell_step(self, z: Any, f_z: float, f_mu: float) -> tuple[float, kernels.StepOut | None]:
+    def tell_step(self, z: Any, f_z: float, f_mu: float,
+                  var_step: bool = True) -> tuple[float, kernels.StepOut | None]:
         """`tell`, also returning the compiled kernel's one-pass outputs (μ', var', σ', changed,
         ||μ' − μ||) when it ran the step, else None: the optimizer hands σ' and the move on to the
-        scheduler instead of having them computed a second time."""
+        scheduler instead of having them computed a second time.
+
+        `var_step=False` moves μ but leaves the variance as it is: for an individual that was not
+        drawn from N(μ, var) (an RL individual, moved by gradient steps), whose distance from μ says
+        nothing about the spread of good samples (RunConfig.rl_var_update)."""
         fn = kernels.compiled()
         plain = kernels.plain_vector(z, self.dim) if fn is not None else None
         if plain is None:
@@ -239,12 +249,12 @@ class AesrlDistribution(AsyncDistribution):
                 return 0.0, None
         # one-plus-one ignores r; pass a harmless placeholder rather than None.
         r = 1.0 if self.r is None else self.r
-        p = update_ratio(self.mean_rule, f_z, f_mu, r, self.negative_ratio)
+        p = update_ratio(self.mean_rule, f_z, f_mu, r, self.negative_ratio, self.positive_ratio)
         if p == 0.0:
             if plain is not None and self.scale is None and not np.all(np.isfinite(z)):
                 raise ValueError("z must be finite (and within float32 range)")
             return p, None
-        n = variance_n(self.var_rule, p, self.fixed_n)
+        n = variance_n(self.var_rule, p, self.fixed_n) if var_step else 0.0
         if fn is not None:
             step = kernels.aesrl_step(self.mean, self.var, z, p, n, self.var_floor, fn)
             if step.changed:

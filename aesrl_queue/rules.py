@@ -50,8 +50,14 @@ def _sigmoid(x: float) -> float:
     return e / (1.0 + e)
 
 
-def update_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: float = 0.0) -> float:
+def update_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: float = 0.0,
+                 positive_ratio: float = 1.0) -> float:
     """The mean's update ratio p of `rule` (docs/algorithms.md); μ_new = (1 − p)·μ + p·z.
+
+    `positive_ratio` is the paper's p_positive (its Eqs. 7, 8 and 10): it scales the p of a better
+    individual under fixed-linear and fixed-sigmoid, and every p of baseline-relative, so that μ moves
+    at most that share of the way to even the best individual. 1.0 is the published code, which has
+    no such parameter; `baseline-absolute` ignores it.
 
     `r` is the fitness scale (for `baseline-absolute` the baseline is b = −r); `one-plus-one` ignores
     it. `p` is in [0, 1] for every rule except `fixed-linear` with `negative_ratio` > 0, where a worse
@@ -72,6 +78,33 @@ def update_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: f
     negative_ratio = _finite("negative_ratio", negative_ratio)
     if negative_ratio < 0:
         raise ValueError(f"negative_ratio must be >= 0, got {negative_ratio}")
+    positive_ratio = _finite("positive_ratio", positive_ratio)
+    if not 0 < positive_ratio <= 1:
+        raise ValueError(f"positive_ratio must be in (0, 1], got {positive_ratio}")
+    if rule == "baseline-absolute":
+        return _baseline_absolute(f_z, f_mu, r)
+    p = _relative_ratio(rule, f_z, f_mu, r, negative_ratio)
+    # Eq. 10 scales every p of baseline-relative (its "positive" side is f(z) >= f(μ) − r, where p > 0);
+    # Eqs. 7-8 scale fixed-linear and fixed-sigmoid where f(z) > f(μ).
+    if rule == "baseline-relative" or f_z > f_mu:
+        p *= positive_ratio
+    return p
+
+
+def _baseline_absolute(f_z: float, f_mu: float, r: float) -> float:
+    if max(abs(f_z), abs(f_mu), r) > _RESCALE_ABOVE:
+        f_z, f_mu, r = f_z * _RESCALE_BY, f_mu * _RESCALE_BY, r * _RESCALE_BY
+    b = -r
+    if f_z < b:
+        return 0.0
+    above_z, above_mu = f_z - b, f_mu - b
+    denom = above_z + above_mu
+    if above_mu < 0 or denom <= 0:
+        return 1.0 if above_z > 0 else 0.0
+    return min(max(above_z / denom, 0.0), 1.0)
+
+
+def _relative_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: float) -> float:
     if max(abs(f_z), abs(f_mu), r) > _RESCALE_ABOVE:
         f_z, f_mu, r = f_z * _RESCALE_BY, f_mu * _RESCALE_BY, r * _RESCALE_BY
 
@@ -81,15 +114,6 @@ def update_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: f
         return p * negative_ratio if delta < 0 else p
     if rule == "fixed-sigmoid":
         return _sigmoid(delta / r)
-    if rule == "baseline-absolute":
-        b = -r
-        if f_z < b:
-            return 0.0
-        above_z, above_mu = f_z - b, f_mu - b
-        denom = above_z + above_mu
-        if above_mu < 0 or denom <= 0:
-            return 1.0 if above_z > 0 else 0.0
-        return min(max(above_z / denom, 0.0), 1.0)
     # baseline-relative: the baseline b = f(μ) − r moves with the mean.
     if delta < -r:
         return 0.0

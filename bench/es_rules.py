@@ -12,6 +12,8 @@ Variants (what `--algo es` used before and after issue 14, and the steps between
     adaptive     the adaptive scale, paired f(μ), var floor 1e-5
     floor        the adaptive scale, paired f(μ), var floor 1e-3
     linear       as floor, with the fixed-linear mean rule (p = Δ/r for Δ > 0, else 0)
+    pp50, pp25   as linear, with the paper's p_positive = 0.5 or 0.25 (μ moves at most half or a
+                 quarter of the way to the best individual: one episode's luck is averaged out)
 
 Usage: python bench/es_rules.py [--quick] [--seeds 0,1,2] [--steps 1000000] [--variants ...]
 """
@@ -43,6 +45,8 @@ VARIANTS = {
     "adaptive": dict(r="adaptive", mean_rule="baseline-relative", var_floor=1e-5, paired=True, k=1),
     "floor": dict(r="adaptive", mean_rule="baseline-relative", var_floor=1e-3, paired=True, k=1),
     "linear": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1),
+    "pp50": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, positive_ratio=0.5),
+    "pp25": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, positive_ratio=0.25),
 }
 EVAL_STARTS = [10**6 + i for i in range(10)]
 
@@ -53,7 +57,7 @@ def run(variant: str, seed: int, steps: int, eval_every: int = 100) -> dict:
     actor = NumpyActor(obs_dim, act_dim, max_action, HIDDEN, "tanh")
     mu0 = init_actor_params(obs_dim, act_dim, max_action, HIDDEN, "tanh", seed=seed)
     dist = make_distribution("aesrl", mu0, mean_rule=v["mean_rule"], var_rule="adaptive", r=v["r"],
-                             var_init=1e-3, var_floor=v["var_floor"])
+                             var_init=1e-3, var_floor=v["var_floor"], positive_ratio=v.get("positive_ratio", 1.0))
     rng = np.random.default_rng(seed)
     stored, interactions, jobs, t0 = 0, 0, 0, time.monotonic()
     curve, ps = [], []

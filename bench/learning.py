@@ -67,6 +67,20 @@ RUN_ARGS = {
     "cemrl": ["--algo", "cemrl"],
     "es": ["--algo", "es"],
 }
+# Variants of the default AES-RL, run only when named (--cells or --algos): each changes one thing, so a
+# row next to `aesrl` on the same seed shows what that one thing does (docs/performance.md §3).
+VARIANTS = {
+    "aesrl-fixed-linear": ["--algo", "aesrl", "--mean-rule", "fixed-linear"],
+    "aesrl-rl80": ["--algo", "aesrl", "--rl-ratio", "0.8"],
+    "aesrl-mean5": ["--algo", "aesrl"],  # + mean_eval_episodes=5, mean_eval_paired=false (VARIANT_CONFIG)
+    "aesrl-rl-no-var": ["--algo", "aesrl"],  # + rl_var_update=false
+    "aesrl-fixed-linear-rl-no-var": ["--algo", "aesrl", "--mean-rule", "fixed-linear"],  # + rl_var_update=false
+}
+VARIANT_CONFIG = {"aesrl-mean5": {"mean_eval_episodes": 5, "mean_eval_paired": False},
+                  "aesrl-rl-no-var": {"rl_var_update": False},
+                  "aesrl-fixed-linear-rl-no-var": {"rl_var_update": False}}
+RUN_ARGS.update(VARIANTS)
+MUJOCO = ("HalfCheetah-v5", "Hopper-v5")
 ROW_FIELDS = ("env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s")
 MARKS = {"q25": 0.25, "q50": 0.5, "final": 1.0}
 ES_TARGET = -400.0  # issue 14: `--algo es` learns Pendulum-v1 to a mean f(μ) ≥ −400 within 1M steps
@@ -131,7 +145,8 @@ class Cell:
 def select_cells(settings: dict[str, EnvSettings], envs: list[str], algos: list[str], seeds: list[int],
                  order: str) -> list[Cell]:
     cells = [Cell(env, algo, seed) for env, s in settings.items() if not envs or env in envs
-             for algo in s.algos if not algos or algo in algos for seed in seeds]
+             for algo in (*s.algos, *(VARIANTS if env in MUJOCO else ()))
+             if (algo in algos if algo in VARIANTS else not algos or algo in algos) for seed in seeds]
     if order == "seed":  # seed 1 of every env and algo first: a partial bench still covers everything
         cells.sort(key=lambda c: c.seed)  # stable: env and algo keep their order within a seed
     return cells
@@ -145,7 +160,7 @@ def parse_cells(text: str, settings: dict[str, EnvSettings]) -> list[Cell]:
             cell = Cell(env, algo, int(seed))
         except ValueError:
             raise SystemExit(f"--cells: expected env:algo:seed, got {item!r}") from None
-        if env not in settings or algo not in settings[env].algos:
+        if env not in settings or (algo not in settings[env].algos and not (algo in VARIANTS and env in MUJOCO)):
             known = ", ".join(f"{e}:{{{','.join(s.algos)}}}" for e, s in settings.items())
             raise SystemExit(f"--cells: {item!r} is not a cell of this mode; known: {known}")
         cells.append(cell)
@@ -200,6 +215,7 @@ def cell_command(cell: Cell, s: EnvSettings, env_dir: Path, cfg_file: Path | Non
 def cell_config(cell: Cell, s: EnvSettings) -> dict[str, Any]:
     """RunConfig fields given through --config: the shared random phase, TD3's evaluation period, extras."""
     cfg = dict(s.extra)
+    cfg.update(VARIANT_CONFIG.get(cell.algo, {}))
     if s.random_steps is not None:
         cfg.update(initial_steps=s.random_steps, td3_start_steps=s.random_steps)
     if cell.algo in ("td3", "sb3-td3"):
@@ -524,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="where learning.json and learning/ go (default bench/results; --quick: a temporary folder)")
     ap.add_argument("--cells", default="", help="comma-separated env:algo:seed cells (instead of the filters)")
     ap.add_argument("--envs", default="", help="comma-separated environments (default: all of the mode)")
-    ap.add_argument("--algos", default="", help=f"comma-separated algorithms out of {','.join(ALGOS)}")
+    ap.add_argument("--algos", default="", help=f"comma-separated algorithms out of {','.join(ALGOS)}; the variants "
+                    f"{','.join(VARIANTS)} run only when named here or in --cells")
     ap.add_argument("--seeds", default="", help="comma-separated seeds (default 1,2,3; --quick 1)")
     ap.add_argument("--order", choices=("seed", "env"), default="seed",
                     help="seed: seed 1 of every env and algo first, then seed 2, ...; env: env by env")
@@ -554,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s] or ([1] if args.quick else list(FULL_SEEDS))
         envs = [e for e in args.envs.split(",") if e]
         algos = [a for a in args.algos.split(",") if a]
-        for name, given, known in (("envs", envs, settings), ("algos", algos, ALGOS)):
+        for name, given, known in (("envs", envs, settings), ("algos", algos, (*ALGOS, *VARIANTS))):
             if bad := [x for x in given if x not in known]:
                 ap.error(f"--{name}: unknown {', '.join(bad)} in {mode} mode; known: {', '.join(known)}")
         cells = select_cells(settings, envs, algos, seeds, args.order)

@@ -101,6 +101,8 @@ def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
         ("initial_steps", -10),
         ("rl_ratio", 1.5),
         ("rl_ratio", math.nan),
+        ("positive_ratio", 0.0),
+        ("positive_ratio", 1.2),
         ("gamma", -0.1),
         ("var_init", 0.0),
         ("actor_lr", math.inf),

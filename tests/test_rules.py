@@ -135,6 +135,30 @@ def test_negative_ratio_must_be_non_negative() -> None:
         update_ratio("fixed-linear", 0.0, 1.0, 1.0, -0.5)
 
 
+@pytest.mark.parametrize(
+    ("rule", "f_z", "f_mu", "r", "p"),
+    [
+        ("fixed-linear", 105.0, 100.0, 10.0, 0.25),  # 0.5 · 0.5
+        ("fixed-linear", 130.0, 100.0, 10.0, 0.5),  # clipped at 1, then halved: μ never jumps onto z
+        ("fixed-linear", 95.0, 100.0, 10.0, 0.0),  # worse: negative_ratio's side, untouched
+        ("fixed-sigmoid", 100.0, 100.0, 3.0, 0.5),  # Δ = 0 is not "better": unscaled
+        ("fixed-sigmoid", 103.0, 100.0, 3.0, 0.5 / (1.0 + math.exp(-1.0))),
+        ("baseline-relative", 100.0, 100.0, 10.0, 0.25),  # Eq. 10 scales every p above the baseline
+        ("baseline-relative", 95.0, 100.0, 10.0, 0.5 * 5.0 / 15.0),
+        ("baseline-relative", 85.0, 100.0, 10.0, 0.0),
+        ("baseline-absolute", 50.0, 30.0, 10.0, 60.0 / 100.0),  # no p_positive in Eq. 9
+    ],
+)
+def test_positive_ratio_scales_the_move_towards_a_better_individual(rule, f_z, f_mu, r, p) -> None:
+    assert update_ratio(rule, f_z, f_mu, r, positive_ratio=0.5) == pytest.approx(p, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, float("nan")])
+def test_positive_ratio_must_be_in_zero_one(bad: float) -> None:
+    with pytest.raises(ValueError, match="positive_ratio"):
+        update_ratio("fixed-linear", 2.0, 1.0, 1.0, positive_ratio=bad)
+
+
 # -- variance rules ------------------------------------------------------------------------------
 
 

@@ -43,7 +43,8 @@ def build_distribution(cfg: RunConfig, mu: np.ndarray):
     """The search distribution an asynchronous algorithm uses, from the config."""
     if cfg.algo in ("aesrl", "es"):
         return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
-                                 negative_ratio=cfg.negative_ratio, fixed_n=cfg.fixed_n,
+                                 negative_ratio=cfg.negative_ratio,
+                                 positive_ratio=cfg.positive_ratio, fixed_n=cfg.fixed_n,
                                  var_init=cfg.var_init, var_floor=cfg.var_floor, r_window=cfg.r_window,
                                  r_factor=cfg.r_factor)
     if cfg.algo == "opo":
@@ -162,7 +163,8 @@ class AesrlOptimizer(OwnsDistribution):
         p = 0.0
         if told:
             if hasattr(dist, "tell_step"):
-                p, step = dist.tell_step(ev.z, ev.fitness, f_ref)
+                p, step = dist.tell_step(ev.z, ev.fitness, f_ref,
+                                         var_step=cfg.rl_var_update or ev.kind != "rl")
             else:
                 p = dist.tell(ev.z, ev.fitness, f_ref)
             p = float(p)
