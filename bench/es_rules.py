@@ -12,6 +12,7 @@ Variants (what `--algo es` used before and after issue 14, and the steps between
     adaptive     the adaptive scale, paired f(μ), var floor 1e-5
     floor        the adaptive scale, paired f(μ), var floor 1e-3
     linear       as floor, with the fixed-linear mean rule (p = Δ/r for Δ > 0, else 0)
+    linear-floor3e-4, linear-floor3e-3   as linear, with another variance floor
     pp50, pp25   as linear, with the paper's p_positive = 0.5 or 0.25 (μ moves at most half or a
                  quarter of the way to the best individual: one episode's luck is averaged out)
 
@@ -45,6 +46,8 @@ VARIANTS = {
     "adaptive": dict(r="adaptive", mean_rule="baseline-relative", var_floor=1e-5, paired=True, k=1),
     "floor": dict(r="adaptive", mean_rule="baseline-relative", var_floor=1e-3, paired=True, k=1),
     "linear": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1),
+    "linear-floor3e-4": dict(r="adaptive", mean_rule="fixed-linear", var_floor=3e-4, paired=True, k=1),
+    "linear-floor3e-3": dict(r="adaptive", mean_rule="fixed-linear", var_floor=3e-3, paired=True, k=1),
     "pp50": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, positive_ratio=0.5),
     "pp25": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, positive_ratio=0.25),
 }

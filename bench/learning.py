@@ -74,6 +74,9 @@ VARIANTS = {
     "aesrl-rl80": ["--algo", "aesrl", "--rl-ratio", "0.8"],
     "aesrl-mean5": ["--algo", "aesrl"],  # + mean_eval_episodes=5, mean_eval_paired=false (VARIANT_CONFIG)
     "aesrl-rl-no-var": ["--algo", "aesrl"],  # + rl_var_update=false
+    # the paper's (1+1)-ES with RL individuals: μ jumps to a better individual (p is 0 or 1), and the
+    # variance follows the success rule, so an RL individual's distance from μ never widens it
+    "opo": ["--algo", "opo"],
     "aesrl-fixed-linear-rl-no-var": ["--algo", "aesrl", "--mean-rule", "fixed-linear"],  # + rl_var_update=false
 }
 VARIANT_CONFIG = {"aesrl-mean5": {"mean_eval_episodes": 5, "mean_eval_paired": False},
