@@ -74,6 +74,9 @@ VARIANTS = {
     "aesrl-rl80": ["--algo", "aesrl", "--rl-ratio", "0.8"],
     "aesrl-mean5": ["--algo", "aesrl"],  # + mean_eval_episodes=5, mean_eval_paired=false (VARIANT_CONFIG)
     "aesrl-rl-no-var": ["--algo", "aesrl"],  # + rl_var_update=false
+    # RL jobs train 2 000 actor steps instead of the sum of the last 10 episode lengths (10 000 here):
+    # one actor step per stored step overall, where TD3 makes 0.5 and the paper's setting 5
+    "aesrl-rl2k": ["--algo", "aesrl"],  # + rl_steps_max=2000
     # the paper's (1+1)-ES with RL individuals: μ jumps to a better individual (p is 0 or 1), and the
     # variance follows the success rule, so an RL individual's distance from μ never widens it
     "opo": ["--algo", "opo"],
@@ -81,6 +84,7 @@ VARIANTS = {
 }
 VARIANT_CONFIG = {"aesrl-mean5": {"mean_eval_episodes": 5, "mean_eval_paired": False},
                   "aesrl-rl-no-var": {"rl_var_update": False},
+                  "aesrl-rl2k": {"rl_steps_max": 2000},
                   "aesrl-fixed-linear-rl-no-var": {"rl_var_update": False}}
 RUN_ARGS.update(VARIANTS)
 MUJOCO = ("HalfCheetah-v5", "Hopper-v5")
