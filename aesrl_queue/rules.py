@@ -81,30 +81,15 @@ def update_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: f
     positive_ratio = _finite("positive_ratio", positive_ratio)
     if not 0 < positive_ratio <= 1:
         raise ValueError(f"positive_ratio must be in (0, 1], got {positive_ratio}")
-    if rule == "baseline-absolute":
-        return _baseline_absolute(f_z, f_mu, r)
-    p = _relative_ratio(rule, f_z, f_mu, r, negative_ratio)
+    p = _ratio(rule, f_z, f_mu, r, negative_ratio)
     # Eq. 10 scales every p of baseline-relative (its "positive" side is f(z) >= f(μ) − r, where p > 0);
-    # Eqs. 7-8 scale fixed-linear and fixed-sigmoid where f(z) > f(μ).
-    if rule == "baseline-relative" or f_z > f_mu:
+    # Eqs. 7-8 scale fixed-linear and fixed-sigmoid where f(z) > f(μ); Eq. 9 (baseline-absolute) has none.
+    if rule == "baseline-relative" or (rule != "baseline-absolute" and f_z > f_mu):
         p *= positive_ratio
     return p
 
 
-def _baseline_absolute(f_z: float, f_mu: float, r: float) -> float:
-    if max(abs(f_z), abs(f_mu), r) > _RESCALE_ABOVE:
-        f_z, f_mu, r = f_z * _RESCALE_BY, f_mu * _RESCALE_BY, r * _RESCALE_BY
-    b = -r
-    if f_z < b:
-        return 0.0
-    above_z, above_mu = f_z - b, f_mu - b
-    denom = above_z + above_mu
-    if above_mu < 0 or denom <= 0:
-        return 1.0 if above_z > 0 else 0.0
-    return min(max(above_z / denom, 0.0), 1.0)
-
-
-def _relative_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: float) -> float:
+def _ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio: float) -> float:
     if max(abs(f_z), abs(f_mu), r) > _RESCALE_ABOVE:
         f_z, f_mu, r = f_z * _RESCALE_BY, f_mu * _RESCALE_BY, r * _RESCALE_BY
 
@@ -114,6 +99,15 @@ def _relative_ratio(rule: str, f_z: float, f_mu: float, r: float, negative_ratio
         return p * negative_ratio if delta < 0 else p
     if rule == "fixed-sigmoid":
         return _sigmoid(delta / r)
+    if rule == "baseline-absolute":
+        b = -r
+        if f_z < b:
+            return 0.0
+        above_z, above_mu = f_z - b, f_mu - b
+        denom = above_z + above_mu
+        if above_mu < 0 or denom <= 0:
+            return 1.0 if above_z > 0 else 0.0
+        return min(max(above_z / denom, 0.0), 1.0)
     # baseline-relative: the baseline b = f(μ) − r moves with the mean.
     if delta < -r:
         return 0.0

@@ -69,24 +69,21 @@ RUN_ARGS = {
 }
 # Variants of the default AES-RL, run only when named (--cells or --algos): each changes one thing, so a
 # row next to `aesrl` on the same seed shows what that one thing does (docs/performance.md §3).
-VARIANTS = {
-    "aesrl-fixed-linear": ["--algo", "aesrl", "--mean-rule", "fixed-linear"],
-    "aesrl-rl80": ["--algo", "aesrl", "--rl-ratio", "0.8"],
-    "aesrl-mean5": ["--algo", "aesrl"],  # + mean_eval_episodes=5, mean_eval_paired=false (VARIANT_CONFIG)
-    "aesrl-rl-no-var": ["--algo", "aesrl"],  # + rl_var_update=false
+# name -> (`aesrl-queue run` options, RunConfig fields given through --config)
+VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "aesrl-fixed-linear": (["--algo", "aesrl", "--mean-rule", "fixed-linear"], {}),
+    "aesrl-rl80": (["--algo", "aesrl", "--rl-ratio", "0.8"], {}),
+    "aesrl-mean5": (["--algo", "aesrl"], {"mean_eval_episodes": 5, "mean_eval_paired": False}),
+    "aesrl-rl-no-var": (["--algo", "aesrl"], {"rl_var_update": False}),
     # RL jobs train 2 000 actor steps instead of the sum of the last 10 episode lengths (10 000 here):
     # one actor step per stored step overall, where TD3 makes 0.5 and the paper's setting 5
-    "aesrl-rl2k": ["--algo", "aesrl"],  # + rl_steps_max=2000
+    "aesrl-rl2k": (["--algo", "aesrl"], {"rl_steps_max": 2000}),
     # the paper's (1+1)-ES with RL individuals: μ jumps to a better individual (p is 0 or 1), and the
     # variance follows the success rule, so an RL individual's distance from μ never widens it
-    "opo": ["--algo", "opo"],
-    "aesrl-fixed-linear-rl-no-var": ["--algo", "aesrl", "--mean-rule", "fixed-linear"],  # + rl_var_update=false
+    "opo": (["--algo", "opo"], {}),
+    "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"], {"rl_var_update": False}),
 }
-VARIANT_CONFIG = {"aesrl-mean5": {"mean_eval_episodes": 5, "mean_eval_paired": False},
-                  "aesrl-rl-no-var": {"rl_var_update": False},
-                  "aesrl-rl2k": {"rl_steps_max": 2000},
-                  "aesrl-fixed-linear-rl-no-var": {"rl_var_update": False}}
-RUN_ARGS.update(VARIANTS)
+RUN_ARGS.update({name: args for name, (args, _) in VARIANTS.items()})
 MUJOCO = ("HalfCheetah-v5", "Hopper-v5")
 ROW_FIELDS = ("env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s")
 MARKS = {"q25": 0.25, "q50": 0.5, "final": 1.0}
@@ -222,7 +219,8 @@ def cell_command(cell: Cell, s: EnvSettings, env_dir: Path, cfg_file: Path | Non
 def cell_config(cell: Cell, s: EnvSettings) -> dict[str, Any]:
     """RunConfig fields given through --config: the shared random phase, TD3's evaluation period, extras."""
     cfg = dict(s.extra)
-    cfg.update(VARIANT_CONFIG.get(cell.algo, {}))
+    if cell.algo in VARIANTS:
+        cfg.update(VARIANTS[cell.algo][1])
     if s.random_steps is not None:
         cfg.update(initial_steps=s.random_steps, td3_start_steps=s.random_steps)
     if cell.algo in ("td3", "sb3-td3"):
