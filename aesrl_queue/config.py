@@ -86,6 +86,10 @@ class RunConfig:
     rl_steps_window: int = 10  # rl_steps = sum of the last N evaluated episode lengths
     rl_steps_max: int = 10_000
     critic_chunk: int = 1000  # critic steps between publications
+    # the most stored steps the critic may trail (its steps against the replay's) before the scheduler
+    # holds new jobs after the random phase, so that RL jobs train against a critic that has seen the
+    # data; 0 = never hold (the published code, which relies on a GPU critic keeping up)
+    critic_lag: int = 5000
     replay_capacity: int = 200_000
     # f(μ) that every job reports (not stored): `mean_eval_episodes` episodes of the μ the individual
     # was drawn from. Paired: the first starts from the same state as the individual's episode, so
@@ -192,7 +196,7 @@ class RunConfig:
                      "failure_ttl", "history_max"):
             val = getattr(self, name)
             need(isinstance(val, int) and not isinstance(val, bool) and val > 0, name, f"must be a positive integer, got {val!r}")
-        for name in ("initial_steps", "td3_start_steps", "queued_per_worker", "seed", "result_ttl"):
+        for name in ("initial_steps", "td3_start_steps", "queued_per_worker", "seed", "result_ttl", "critic_lag"):
             val = getattr(self, name)
             need(isinstance(val, int) and not isinstance(val, bool) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
         for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):

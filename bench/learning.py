@@ -82,6 +82,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # variance follows the success rule, so an RL individual's distance from μ never widens it
     "opo": (["--algo", "opo"], {}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"], {"rl_var_update": False}),
+    # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
+    "aesrl-no-lag": (["--algo", "aesrl"], {"critic_lag": 0}),
 }
 RUN_ARGS.update({name: args for name, (args, _) in VARIANTS.items()})
 MUJOCO = ("HalfCheetah-v5", "Hopper-v5")

@@ -74,6 +74,29 @@ def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_ex
     assert opt.controller.n_rl == 1 + kinds.count("rl") and opt.controller.n_es == 1 + kinds.count("es")
 
 
+def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopped_critic() -> None:
+    cfg = config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    # In the random phase the critic's progress never holds a job.
+    assert len(opt.ask(2, steps=90, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
+    # 1 000 stored steps, the critic at 400: 600 behind, more than critic_lag = 500.
+    assert opt.ask(2, steps=1000, inflight=0, critic_version=1, critic_steps=400, now=1.0) == []
+    assert opt.waiting
+    # Still behind but moving: held, even past critic_wait counted from the first hold.
+    assert opt.ask(2, steps=1000, inflight=0, critic_version=2, critic_steps=450, now=1.0 + cfg.critic_wait) == []
+    # Within critic_lag again: dispatched, and no longer waiting.
+    assert len(opt.ask(2, steps=1000, inflight=0, critic_version=3, critic_steps=500, now=2.0 + cfg.critic_wait)) == 2
+    assert not opt.waiting
+    # A critic that stops training holds the run for critic_wait seconds only.
+    t = 10.0 + cfg.critic_wait
+    assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t) == []
+    assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t + cfg.critic_wait - 1) == []
+    assert len(opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t + cfg.critic_wait)) == 1
+    # critic_lag = 0 (the published code) never holds.
+    free = AesrlOptimizer(config("aesrl", initial_steps=100, batch_size=32, critic_lag=0), mu0(cfg))
+    assert len(free.ask(2, steps=5000, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
+
+
 def test_es_never_asks_rl_and_no_job_that_would_overshoot_the_budget() -> None:
     cfg = config("es", total_steps=1000)
     opt = AesrlOptimizer(cfg, mu0(cfg))

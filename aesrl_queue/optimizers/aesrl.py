@@ -75,12 +75,14 @@ class AesrlOptimizer(OwnsDistribution):
         self._sigma: tuple[int, float, float, float] | None = None  # (version, mean, min, max) of sqrt(var)
         self._critic_wait_since: float | None = None  # a clock value (not state: it restarts with the process)
         self._warned_no_critic = -math.inf
+        # holding jobs for a critic that trails the replay: (since, critic steps then) on the clock
+        self._lag_wait: tuple[float, int] | None = None
 
     # -- what the loop reads ---------------------------------------------------------------------
     @property
     def waiting(self) -> bool:
         """Holding jobs back for something outside (the first critic): poll often."""
-        return self._critic_wait_since is not None
+        return self._critic_wait_since is not None or self._lag_wait is not None
 
     def done(self, steps: int) -> bool:
         return steps >= self.cfg.total_steps
@@ -126,6 +128,8 @@ class AesrlOptimizer(OwnsDistribution):
                 self._warned_no_critic = now
                 log.warning("run %s: %d steps stored but no critic published yet — is `aesrl-queue critic start "
                             "--run %s` running? dispatching ES jobs meanwhile", cfg.run_id, steps, cfg.run_id)
+        if rl_ready and self._critic_behind(steps, critic_steps, now):
+            return []
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
         rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps)
@@ -138,6 +142,30 @@ class AesrlOptimizer(OwnsDistribution):
             specs.append({"kind": kind, "version": self.version, "seed": seed, "n": self.dispatched,
                           "rl_steps": rl_steps if kind == "rl" else 0, "random": random_phase})
         return specs
+
+    def _critic_behind(self, steps: int, critic_steps: int, now: float) -> bool:
+        """Whether to hold new jobs because the critic trails the stored steps by more than `critic_lag`.
+
+        Only after the random phase, and only while the critic moves: a critic that has not trained
+        a step for `critic_wait` seconds (a daemon stopped or lost) no longer holds the run."""
+        cfg = self.cfg
+        if not cfg.critic_lag or steps < cfg.initial_steps or steps - critic_steps <= cfg.critic_lag:
+            self._lag_wait = None
+            return False
+        if self._lag_wait is None or critic_steps > self._lag_wait[1]:
+            if self._lag_wait is None:
+                log.debug("run %s: critic %d steps behind the replay; holding new jobs", cfg.run_id,
+                          steps - critic_steps)
+            self._lag_wait = (now, critic_steps)
+            return True
+        if now - self._lag_wait[0] < cfg.critic_wait:
+            return True
+        if now - self._warned_no_critic > 60:
+            self._warned_no_critic = now
+            log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps — "
+                        "is `aesrl-queue critic start --run %s` running? dispatching meanwhile", cfg.run_id,
+                        now - self._lag_wait[0], steps - critic_steps, cfg.run_id)
+        return False
 
     # -- tell ------------------------------------------------------------------------------------
     def tell(self, ev: Evaluated, now: float = 0.0) -> Update:
