@@ -119,10 +119,16 @@ class Phase:
         status = st.get("status", "")
         if status in ("draining", "finished", "stopped", "failed"):
             return status
-        if not trains_critic(cfg) or st.get("critic_version", 0):
+        steps = st.get("steps", 0)
+        if trains_critic(cfg) and st.get("critic_version", 0):
+            self.critic_wait_since = None
+            behind = steps - int(st.get("critic_steps") or 0)
+            if cfg.critic_lag and steps >= cfg.initial_steps and behind > cfg.critic_lag:
+                return f"critic {behind:,} steps behind"  # the scheduler holds new jobs (critic_lag)
+            return ""
+        if not trains_critic(cfg):
             self.critic_wait_since = None
             return ""
-        steps = st.get("steps", 0)
         if steps < cfg.initial_steps:
             return "random actions"
         if steps >= max(cfg.initial_steps, cfg.batch_size):

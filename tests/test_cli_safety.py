@@ -248,6 +248,9 @@ def test_progress_line_fits_80_columns_with_f_mu_first():
         assert width < 80 or "waiting for critic 12 s" in line, line
     assert label.startswith("waiting for critic")
     assert Phase(cfg).label(dict(st, steps=100)) == "random actions"
+    # With a critic: nothing to say while it keeps within critic_lag, its lag when the scheduler holds jobs.
+    assert Phase(cfg).label(dict(st, critic_version=3, critic_steps=12_000)) == ""
+    assert Phase(cfg).label(dict(st, critic_version=3, critic_steps=1_000)) == "critic 11,600 steps behind"
     hint = Phase(cfg).label(dict(st, problem_hint="plain rq worker: use -w workers.AesrlWorker"))
     assert hint == "plain rq worker: use -w workers.AesrlWorker"
     stopped = progress_line(dict(st, status="stopped"), cfg, 8004.6, 10.0, "stopped", width=80)
