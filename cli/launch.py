@@ -100,7 +100,9 @@ def progress_fields(st: dict[str, Any], cfg: RunConfig, rate: float) -> dict[str
 
 
 def trains_critic(cfg: RunConfig) -> bool:
-    return cfg.algo not in ("es", "opo", "td3") and cfg.rl_ratio > 0
+    from aesrl_queue.optimizers import needs_critic_daemon
+
+    return needs_critic_daemon(cfg) and cfg.rl_ratio > 0
 
 
 class Phase:
@@ -123,7 +125,10 @@ class Phase:
         if trains_critic(cfg) and st.get("critic_version", 0):
             self.critic_wait_since = None
             behind = steps - int(st.get("critic_steps") or 0)
-            if cfg.critic_lag and steps >= cfg.initial_steps and behind > cfg.critic_lag:
+            from aesrl_queue.optimizers import ASYNC_ALGOS
+
+            holds = cfg.algo in ASYNC_ALGOS and cfg.critic_lag  # the synchronous loops ask for critic steps
+            if holds and steps >= cfg.initial_steps and behind > cfg.critic_lag:
                 return f"critic {behind:,} steps behind"  # the scheduler holds new jobs (critic_lag)
             return ""
         if not trains_critic(cfg):
