@@ -71,14 +71,14 @@ def test_cells_run_seed_major_and_parse():
 def test_variants_run_only_when_named_and_carry_their_one_change():
     full = learning.MODES["full"]
     assert not {c.algo for c in learning.select_cells(full, [], [], [1], "seed")} & set(learning.VARIANTS)
-    named = learning.select_cells(full, ["HalfCheetah-v5"], ["aesrl-rl2k", "td3"], [1], "seed")
-    assert [str(c) for c in named] == ["HalfCheetah-v5:td3:1", "HalfCheetah-v5:aesrl-rl2k:1"]
+    named = learning.select_cells(full, ["HalfCheetah-v5"], ["aesrl-rl10k", "td3"], [1], "seed")
+    assert [str(c) for c in named] == ["HalfCheetah-v5:td3:1", "HalfCheetah-v5:aesrl-rl10k:1"]
     assert learning.parse_cells("Hopper-v5:opo:1", full) == [learning.Cell("Hopper-v5", "opo", 1)]
     with pytest.raises(SystemExit):
-        learning.parse_cells("Pendulum-v1:aesrl-rl2k:1", full)  # variants are MuJoCo cells
+        learning.parse_cells("Pendulum-v1:aesrl-rl10k:1", full)  # variants are MuJoCo cells
     s = full["HalfCheetah-v5"]
-    cfg = learning.cell_config(learning.Cell("HalfCheetah-v5", "aesrl-rl2k", 1), s)
-    assert cfg["rl_steps_max"] == 2000 and cfg["initial_steps"] == 10_000
+    cfg = learning.cell_config(learning.Cell("HalfCheetah-v5", "aesrl-rl10k", 1), s)
+    assert cfg["rl_steps_max"] == 10_000 and cfg["initial_steps"] == 10_000
     cmd = learning.cell_command(learning.Cell("HalfCheetah-v5", "aesrl-fixed-linear", 1), s, Path("/x"), None)
     assert cmd[cmd.index("--mean-rule") + 1] == "fixed-linear" and cmd[cmd.index("--algo") + 1] == "aesrl"
     assert "rl_steps_max" not in learning.cell_config(learning.Cell("HalfCheetah-v5", "aesrl", 1), s)

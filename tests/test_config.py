@@ -72,6 +72,17 @@ def test_unknown_env_gets_the_adaptive_scale_and_no_paper_r() -> None:
     assert err.value.field == "r"
 
 
+def test_aesrl_trains_2000_actor_steps_per_rl_job_and_the_paper_value_is_a_field_away(tmp_path) -> None:
+    assert RunConfig.from_preset("HalfCheetah-v5", algo="aesrl").rl_steps_max == 2000
+    assert RunConfig.from_preset("HalfCheetah-v5").rl_steps_max == 2000  # aesrl is the default algo
+    # The baselines keep the published 10 000 (CEM-RL's actor steps per generation).
+    for algo in ("cemrl", "pcemrl", "opo", "acemrl"):
+        assert RunConfig.from_preset("HalfCheetah-v5", algo=algo).rl_steps_max == 10_000, algo
+    f = tmp_path / "paper.toml"
+    f.write_text('env_id = "HalfCheetah-v5"\nalgo = "aesrl"\nrl_steps_max = 10000\n')
+    assert RunConfig.from_file(f).rl_steps_max == 10_000
+
+
 def test_paper_r_resolves_to_the_number_that_is_stored() -> None:
     cfg = RunConfig.from_preset("Pendulum-v1", r="paper").resolve()
     assert cfg.r == 200.0 and load_config_blob(pack(cfg.to_dict())).r == 200.0
