@@ -129,7 +129,7 @@ class RunConfig:
         values: dict[str, Any] = {"env_id": env_id}
         values.update(preset_for(env_id))
         # The baselines' own published settings win over the environment preset; options win over both.
-        algo = overrides.get("algo") or values.get("algo") or cls.__dataclass_fields__["algo"].default
+        algo = overrides.get("algo") or cls.algo  # the class default when --algo is not given
         values.update(ALGO_DEFAULTS.get(algo, {}))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(values)
@@ -351,9 +351,9 @@ ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "es": {"var_floor": 1e-3, "mean_rule": "fixed-linear"},
     # AES-RL: an RL job trains 2 000 actor steps, not the paper's sum of the last 10 episode lengths
     # (10 000 on HalfCheetah). With the critic kept within critic_lag of the replay, 10 000 steps
-    # against one critic snapshot overshoot it: HalfCheetah 1697 against 3907 at 100k steps, Hopper
-    # 1067 against the rl2k row, in under half the wall clock (docs/performance.md §3). The paper's
-    # value stays one field away: rl_steps_max = 10000.
+    # against one critic snapshot overshoot it: HalfCheetah seed 1 1697 against 3907 at 100k steps, in
+    # half the wall clock; Hopper seed 1 ahead at 25 and 50 % of the budget, behind at 100 % after a
+    # collapse (docs/performance.md §3). The paper's value stays one field away: rl_steps_max = 10000.
     "aesrl": {"rl_steps_max": 2000},
     "pcemrl": {"batch_size": 256, "replay_capacity": 1_000_000},
 }

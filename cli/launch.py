@@ -124,12 +124,13 @@ class Phase:
         steps = st.get("steps", 0)
         if trains_critic(cfg) and st.get("critic_version", 0):
             self.critic_wait_since = None
-            behind = steps - int(st.get("critic_steps") or 0)
             from aesrl_queue.optimizers import ASYNC_ALGOS
+            from aesrl_queue.optimizers.aesrl import critic_too_far_behind
 
-            holds = cfg.algo in ASYNC_ALGOS and cfg.critic_lag  # the synchronous loops ask for critic steps
-            if holds and steps >= cfg.initial_steps and behind > cfg.critic_lag:
-                return f"critic {behind:,} steps behind"  # the scheduler holds new jobs (critic_lag)
+            critic_steps = int(st.get("critic_steps") or 0)
+            # Only the asynchronous loops hold jobs for it; the synchronous ones ask for critic steps.
+            if cfg.algo in ASYNC_ALGOS and critic_too_far_behind(cfg, steps, critic_steps):
+                return f"critic {steps - critic_steps:,} steps behind"
             return ""
         if not trains_critic(cfg):
             self.critic_wait_since = None

@@ -92,6 +92,7 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t) == []
     assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t + cfg.critic_wait - 1) == []
     assert len(opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t + cfg.critic_wait)) == 1
+    assert not opt.waiting  # dispatching again: the loop goes back to its slow poll
     # critic_lag = 0 (the published code) never holds.
     free = AesrlOptimizer(config("aesrl", initial_steps=100, batch_size=32, critic_lag=0), mu0(cfg))
     assert len(free.ask(2, steps=5000, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2

@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 ALGOS = ("aesrl", "es", "opo", "acemrl")
 
 
+def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool:
+    """Whether the critic trails the replay by more than `critic_lag` after the random phase, the
+    condition under which the scheduler holds new jobs (and `run`'s progress line says so)."""
+    return bool(cfg.critic_lag) and steps >= cfg.initial_steps and steps - critic_steps > cfg.critic_lag
+
+
 def uses_rl(cfg: RunConfig) -> bool:
     """Whether an asynchronous run makes RL jobs (and so needs a critic)."""
     return cfg.algo != "es" and cfg.rl_ratio > 0
@@ -77,12 +83,13 @@ class AesrlOptimizer(OwnsDistribution):
         self._warned_no_critic = -math.inf
         # holding jobs for a critic that trails the replay: (since, critic steps then) on the clock
         self._lag_wait: tuple[float, int] | None = None
+        self._lag_holding = False  # the last ask held jobs for it (a stalled critic no longer does)
 
     # -- what the loop reads ---------------------------------------------------------------------
     @property
     def waiting(self) -> bool:
         """Holding jobs back for something outside (the first critic): poll often."""
-        return self._critic_wait_since is not None or self._lag_wait is not None
+        return self._critic_wait_since is not None or self._lag_holding
 
     def done(self, steps: int) -> bool:
         return steps >= self.cfg.total_steps
@@ -128,7 +135,8 @@ class AesrlOptimizer(OwnsDistribution):
                 self._warned_no_critic = now
                 log.warning("run %s: %d steps stored but no critic published yet — is `aesrl-queue critic start "
                             "--run %s` running? dispatching ES jobs meanwhile", cfg.run_id, steps, cfg.run_id)
-        if rl_ready and self._critic_behind(steps, critic_steps, now):
+        self._lag_holding = rl_ready and self._critic_behind(steps, critic_steps, now)
+        if self._lag_holding:
             return []
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
@@ -149,7 +157,7 @@ class AesrlOptimizer(OwnsDistribution):
         Only after the random phase, and only while the critic moves: a critic that has not trained
         a step for `critic_wait` seconds (a daemon stopped or lost) no longer holds the run."""
         cfg = self.cfg
-        if not cfg.critic_lag or steps < cfg.initial_steps or steps - critic_steps <= cfg.critic_lag:
+        if not critic_too_far_behind(cfg, steps, critic_steps):
             self._lag_wait = None
             return False
         if self._lag_wait is None or critic_steps > self._lag_wait[1]:
