@@ -140,6 +140,9 @@ class Result:
     # RL jobs: ‖z − μ_v‖ of the sampled individual, and after its TD3 training (NaN for ES)
     dist_before: float = math.nan
     dist_after: float = math.nan
+    # antithetic ES jobs (es_antithetic): the return and length of μ − σ·ε (NaN, 0 otherwise)
+    mirror_fitness: float = math.nan
+    mirror_len: int = 0
 
     @property
     def ok(self) -> bool:
@@ -195,6 +198,8 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         interactions=num("interactions", int, -1),
         dist_before=num("dist_before", float, math.nan),
         dist_after=num("dist_after", float, math.nan),
+        mirror_fitness=num("mirror_fitness", float, math.nan),
+        mirror_len=num("mirror_len", int, 0),
     )
 
 

@@ -50,6 +50,9 @@ VARIANTS = {
     "linear-floor3e-3": dict(r="adaptive", mean_rule="fixed-linear", var_floor=3e-3, paired=True, k=1),
     "pp50": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, positive_ratio=0.5),
     "pp25": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, positive_ratio=0.25),
+    "starts2": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, starts=2),
+    "mirror": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, mirror=True),
+    "mirror-floor3e-3": dict(r="adaptive", mean_rule="fixed-linear", var_floor=3e-3, paired=True, k=1, mirror=True),
 }
 EVAL_STARTS = [10**6 + i for i in range(10)]
 
@@ -73,13 +76,33 @@ def run(variant: str, seed: int, steps: int, eval_every: int = 100) -> dict:
     while stored < steps:
         s = int(rng.integers(2**31))
         z = dist.sample(s)
+        if v.get("mirror"):
+            # antithetic pair from one start state, both stored: z' = 2μ − z, and f(μ) is estimated
+            # as the mean of the pair, so no episode is spent on μ alone
+            z2 = (2.0 * dist.mean.astype(np.float64) - z).astype(np.float32)
+            rets = []
+            for zz in (z, z2):
+                actor.set_params(zz)
+                ep = run_episodes(ENV, actor, k=1, seed=s, store=False)
+                stored += ep.lengths[0]
+                interactions += ep.lengths[0]
+                rets.append(ep.returns[0])
+            f_hat = float(np.mean(rets))
+            order = sorted(range(2), key=lambda i: rets[i])  # the loser first: it leaves μ where it is
+            for i in order:
+                ps.append(dist.tell((z, z2)[i], rets[i], f_hat))
+            jobs += 1
+            if jobs % max(1, eval_every // 2) == 0:
+                curve.append((stored, evaluate()))
+            continue
+        n_starts = v.get("starts", 1)
         actor.set_params(z)
-        ep = run_episodes(ENV, actor, k=1, seed=s, store=False)
+        ep = run_episodes(ENV, actor, k=n_starts, seed=s, store=False)
         actor.set_params(dist.mean)
-        ev = run_episodes(ENV, actor, k=v["k"], seed=s if v["paired"] else s + 1, store=False)
-        stored += ep.lengths[0]
-        interactions += ep.lengths[0] + sum(ev.lengths)
-        ps.append(dist.tell(z, ep.returns[0], float(np.mean(ev.returns))))
+        ev = run_episodes(ENV, actor, k=v["k"] * n_starts, seed=s if v["paired"] else s + 1, store=False)
+        stored += sum(ep.lengths)
+        interactions += sum(ep.lengths) + sum(ev.lengths)
+        ps.append(dist.tell(z, float(np.mean(ep.returns)), float(np.mean(ev.returns))))
         jobs += 1
         if jobs % eval_every == 0:
             curve.append((stored, evaluate()))

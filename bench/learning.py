@@ -84,6 +84,13 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"], {"rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
     "aesrl-no-lag": (["--algo", "aesrl"], {"critic_lag": 0}),
+    # a variance floor of 1e-4 (σ 0.01) instead of the paper's 1e-5 (σ 0.003): on Hopper's stand-still
+    # plateau ES individuals at the floor store near-identical episodes, and RL individuals trained on
+    # that narrow data fall within tens of steps
+    "aesrl-floor1e-4": (["--algo", "aesrl"], {"var_floor": 1e-4}),
+    # ES jobs as antithetic pairs (es_antithetic): no μ episode for them, about 1.5 interactions per
+    # stored step instead of 2
+    "aesrl-antithetic": (["--algo", "aesrl"], {"es_antithetic": True}),
 }
 RUN_ARGS.update({name: args for name, (args, _) in VARIANTS.items()})
 MUJOCO = ("HalfCheetah-v5", "Hopper-v5")

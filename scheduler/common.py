@@ -207,19 +207,22 @@ class Dispatcher:
                     self.breaker.failure(res.error or "unknown error", len(self._workers))
         return out
 
-    def individual(self, res: Result, dists: DistCache) -> np.ndarray:
-        """The evaluated parameters: rebuilt from (version, seed) for ES, downloaded for RL.
+    def individual(self, res: Result, dists: DistCache) -> tuple[np.ndarray, np.ndarray | None]:
+        """The evaluated parameters: rebuilt from (version, seed) for ES, downloaded for RL; and for an
+        antithetic ES job (a finite mirror_fitness) its partner μ − σ·ε, else None.
 
         An ES job's ε was usually computed at dispatch (NoiseAhead); else it is computed here."""
         if res.kind == "rl":
             if not res.ind:
                 raise CodecError(f"RL result of {res.job} names no individual key")
-            return self.store.get_individual(res.ind)
+            return self.store.get_individual(res.ind), None
         mu, std = dists.get_std(res.version)
         eps = self.noise_ahead.take(res.job, res.seed)
         if eps is None or eps.size != mu.size:
             eps = kernels.job_noise(res.seed, mu.size)
-        return noise.shift(mu, std, eps)
+        z = noise.shift(mu, std, eps)
+        # the worker built the partner as noise.sample(μ, var, noise.mirrored(seed)): μ + σ·(−ε), bit for bit
+        return z, (noise.shift(mu, std, np.negative(eps)) if math.isfinite(res.mirror_fitness) else None)
 
     def note_duration(self, kind: str, seconds: float) -> None:
         if math.isfinite(seconds) and seconds > 0:

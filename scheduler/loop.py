@@ -237,7 +237,7 @@ class Scheduler:
             return skip("rejected", res.job, f"result of {res.job} has fitness {res.fitness} and length "
                         f"{res.length}; rejected", retry=False)
         try:
-            z = self.dispatch.individual(res, self.dists)
+            z, mirror_z = self.dispatch.individual(res, self.dists)
         except CodecError as exc:
             return skip("rejected", res.job, f"individual of {res.job} unusable: {exc}")
         self.dispatch.note_duration(res.kind, res.duration)
@@ -252,7 +252,8 @@ class Scheduler:
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
                        worker=res.worker, duration=res.duration, rl_steps=res.rl_steps,
                        dist_before=res.dist_before, dist_after=res.dist_after,
-                       enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind)
+                       enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind, mirror_z=mirror_z,
+                       mirror_fitness=res.mirror_fitness, mirror_length=res.mirror_len)
         try:
             update = self.opt.tell(ev, now=time.time())
         except ValueError as exc:

@@ -164,7 +164,7 @@ def overlapping(results: list[dict]) -> int:
     return sum(1 for (_s0, e0), (s1, _e1) in zip(spans, spans[1:], strict=False) if s1 < e0 - 0.01)
 
 
-def check_common(out: dict, steps: int) -> None:
+def check_common(out: dict, steps: int, unstored_episodes: bool = True) -> None:
     st, history = out["state"], out["history"]
     assert st["status"] == "finished" and st["steps"] >= steps, st
     # Same metrics for every algorithm: f(μ) against stored steps, interactions and wall clock.
@@ -173,7 +173,8 @@ def check_common(out: dict, steps: int) -> None:
     steps_seen = [h["steps"] for h in history]
     assert steps_seen == sorted(steps_seen)
     assert np.isfinite(history[-1]["f_mu"]), history[-1]
-    assert st["interactions"] > st["steps"]
+    # f(μ) episodes are interactions that are not stored (none when antithetic ES pairs estimate it)
+    assert st["interactions"] > st["steps"] if unstored_episodes else st["interactions"] == st["steps"], st
 
 
 # -- the asynchronous loops -----------------------------------------------------------------------------
@@ -222,13 +223,37 @@ def test_es_enqueues_no_rl_job_and_run_starts_no_critic(cluster, tmp_path) -> No
     logs = sorted(p.name for p in (tmp_path / run / "logs").iterdir())
     assert "critic.log" not in logs and "worker-0.log" in logs, logs
     out = collect(cluster["client"], run)
-    check_common(out, steps)
+    check_common(out, steps, unstored_episodes=False)
     st = out["state"]
     assert st["rl_applied"] == 0 and st["n_rl"] == 1 and st["critic_version"] == 0, st  # n_rl starts at 1
     assert {r["res"].kind for r in out["results"]} == {"es"}
     assert st["dispatched"] >= st["results_applied"] > 0
     # Without a critic there is no random phase: the first individuals evaluate their own parameters.
     assert not any(h["random"] for h in out["history"])
+    # es_antithetic (the es default): every job stored both episodes of its pair and ran none of μ;
+    # its f(μ) is the pair's mean and each history entry describes the better of the two.
+    results = {r["res"].job: r["res"] for r in out["results"]}
+    for res in results.values():
+        assert res.eval_steps == 0 and res.mirror_len > 0 and np.isfinite(res.mirror_fitness), res
+        assert res.f_mu == pytest.approx(0.5 * (res.fitness + res.mirror_fitness)), res
+    for h in out["history"]:
+        res = results[h["job"]]
+        assert h["f_z"] == max(res.fitness, res.mirror_fitness) and h["f_pair_worse"] <= h["f_z"], (h, res)
+        assert h["mirror_won"] == (res.mirror_fitness > res.fitness), (h, res)
+    assert sum(r.length + r.mirror_len for r in results.values()) == st["steps"]
+    # The individual the scheduler kept (rebuilt there from version and seed, the mirror as μ − σ·ε)
+    # earns again, from its job's start state, the return the worker measured for it.
+    from aesrl_queue.numpy_actor import NumpyActor
+    from aesrl_queue.rollout import run_episodes
+
+    best = out["store"].read_best()
+    res = results[best["job"]]
+    assert best["fitness"] == max(res.fitness, res.mirror_fitness)
+    cfg = out["store"].config()
+    actor = NumpyActor(cfg.obs_dim, cfg.act_dim, cfg.max_action, tuple(cfg.hidden), cfg.activation)
+    actor.set_params(best["params"])
+    again = run_episodes(cfg.env_id, actor, k=1, seed=res.seed % (2**31), store=False).returns[0]
+    assert again == pytest.approx(best["fitness"], rel=1e-5, abs=1e-3), (again, best["fitness"], res)
 
 
 # -- the synchronous loops ------------------------------------------------------------------------------

@@ -125,6 +125,49 @@ def test_aesrl_tell_moves_mu_by_the_baseline_relative_ratio_with_the_adaptive_sc
     assert opt.fields()["best_fitness"] == 150.0 and opt.fields()["f_mu"] == 100.0
 
 
+def test_an_antithetic_pair_compares_both_with_their_mean_and_moves_mu_towards_the_better() -> None:
+    """es_antithetic: f(μ) is the pair's mean, the worse is told first (p = 0 under fixed-linear), the
+    better then moves μ; both lengths enter the rl_steps window and a better mirror is the one kept."""
+    cfg = config("es", initial_steps=0, es_antithetic=True, r=10.0)
+    assert cfg.mean_rule == "fixed-linear"  # the es default
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    mu, var = opt.mean.copy(), opt.var.copy()
+    z, mirror = noise.sample(mu, var, spec["seed"]), noise.sample(mu, var, noise.mirrored(spec["seed"]))
+    np.testing.assert_allclose(mirror, 2 * mu - z, atol=1e-6)
+    ev = evaluated(opt, spec, fitness=90.0, f_mu=math.nan, length=40, z=z)
+    ev.mirror_z, ev.mirror_fitness, ev.mirror_length = mirror, 96.0, 60
+    up = opt.tell(ev, now=1.0)
+    p = (96.0 - 93.0) / 10.0  # the mirror beats the pair's mean 93 by 3; z trails it by 3 (p = 0)
+    assert up.moved and opt.told == 2
+    h = up.history
+    assert h["f_ref"] == 93.0 and h["f_z"] == 96.0 and h["delta"] == 3.0 and h["p"] == pytest.approx(p)
+    assert h["f_pair_worse"] == 90.0 and h["p_pair_worse"] == 0.0 and h["mirror_won"]
+    np.testing.assert_allclose(opt.mean, (1 - p) * mu + p * mirror, rtol=1e-5, atol=1e-6)
+    assert list(opt.recent_lens) == [40, 60]
+    np.testing.assert_array_equal(up.best["params"], mirror)
+    assert up.best["fitness"] == 96.0 == opt.fields()["best_fitness"]
+    # the same pair the other way round: z is the better one and the one kept
+    [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+    z = noise.sample(opt.mean, opt.var, spec["seed"])
+    ev = evaluated(opt, spec, fitness=120.0, z=z)
+    ev.mirror_z, ev.mirror_fitness, ev.mirror_length = noise.sample(opt.mean, opt.var, noise.mirrored(spec["seed"])), 100.0, 5
+    up = opt.tell(ev)
+    assert not up.history["mirror_won"] and up.history["f_ref"] == 110.0 and up.history["p"] == 1.0
+    np.testing.assert_array_equal(opt.mean, z)  # p = min(10/10, 1): μ becomes z
+    np.testing.assert_array_equal(up.best["params"], z)
+
+
+def test_es_antithetic_is_the_es_default_and_only_for_asynchronous_algorithms() -> None:
+    from aesrl_queue.config import ConfigError
+
+    assert RunConfig.from_preset("Pendulum-v1", algo="es").es_antithetic
+    assert not RunConfig.from_preset("Pendulum-v1", algo="aesrl").es_antithetic
+    assert not RunConfig.from_preset("Pendulum-v1", algo="es", es_antithetic=False).es_antithetic
+    with pytest.raises(ConfigError, match="es_antithetic"):
+        RunConfig.from_preset("Pendulum-v1", algo="td3", es_antithetic=True).validate()
+
+
 def test_aesrl_does_not_tell_random_action_results_with_an_adaptive_scale() -> None:
     cfg = config("aesrl", initial_steps=1000)
     opt = AesrlOptimizer(cfg, mu0(cfg))

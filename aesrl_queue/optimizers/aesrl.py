@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from aesrl_queue import noise
-from aesrl_queue.config import RunConfig
+from aesrl_queue.config import ASYNC_ALGOS, RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import Evaluated, JobSpec, OwnsDistribution, Update, finite, job_seed
 
 log = logging.getLogger(__name__)
 
-ALGOS = ("aesrl", "es", "opo", "acemrl")
+ALGOS = ASYNC_ALGOS
 
 
 def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool:
@@ -186,7 +186,12 @@ class AesrlOptimizer(OwnsDistribution):
             f_mu, f_mu_version = ev.f_mu, ev.f_mu_version
         # The f(μ) this individual is compared with: with paired evaluation, the job's own estimate
         # of the μ it was drawn from, on the same start state; else the newest estimate (the paper).
-        if cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
+        pair = ev.mirror_z is not None
+        if pair and not finite(ev.mirror_fitness):
+            raise ValueError(f"the antithetic partner of {ev.job} has return {ev.mirror_fitness}")
+        if pair:  # an antithetic pair: f(μ) is the mean of its two returns, from one start state
+            f_ref = 0.5 * (ev.fitness + ev.mirror_fitness)
+        elif cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
             f_ref = ev.f_mu
         else:
             f_ref = f_mu if finite(f_mu) else ev.fitness
@@ -196,19 +201,29 @@ class AesrlOptimizer(OwnsDistribution):
         told = not (ev.random and scale is not None and scale.mode == "adaptive")
         mean_before, version_before = dist.mean, dist.version
         step = None
-        p = 0.0
+        p = p_loser = 0.0
+        # the individuals to tell: one, or an antithetic pair, the worse first (under the default rules
+        # it leaves μ where it is; the better one then moves μ from there)
+        members = [(ev.fitness, ev.z)]
+        if pair:
+            members = sorted([(ev.fitness, ev.z), (ev.mirror_fitness, ev.mirror_z)], key=lambda m: m[0])
         if told:
-            if hasattr(dist, "tell_step"):
-                p, step = dist.tell_step(ev.z, ev.fitness, f_ref,
-                                         var_step=cfg.rl_var_update or ev.kind != "rl")
-            else:
-                p = dist.tell(ev.z, ev.fitness, f_ref)
-            p = float(p)
-            self.told += 1
+            for f_i, z_i in members:
+                p_loser = p
+                if hasattr(dist, "tell_step"):
+                    p, step_i = dist.tell_step(z_i, f_i, f_ref, var_step=cfg.rl_var_update or ev.kind != "rl")
+                    step = step_i if step_i is not None else step
+                else:
+                    p = dist.tell(z_i, f_i, f_ref)
+                p = float(p)
+                self.told += 1
         self.f_mu, self.f_mu_version = f_mu, f_mu_version
         self.last_p[ev.kind] = p
         self.recent_lens.append(int(ev.length))
-        self.best = max(self.best, ev.fitness)
+        if pair:
+            self.recent_lens.append(int(ev.mirror_length))
+        f_best, z_best = members[-1]  # the better of a pair (the individual itself otherwise)
+        self.best = max(self.best, f_best)
         moved = dist.version != version_before
         std = None
         if moved:
@@ -223,10 +238,13 @@ class AesrlOptimizer(OwnsDistribution):
                  # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
                  "f_ref": f_ref, "delta": ev.fitness - f_ref, "r": r_used, "told": told,
                  "dist_before": ev.dist_before, "dist_after": ev.dist_after}
+        if pair:  # the entry describes the better of the pair; the worse one's return and p beside it
+            entry.update(f_z=f_best, delta=f_best - f_ref, f_pair_worse=members[0][0], p_pair_worse=p_loser,
+                         mirror_won=z_best is ev.mirror_z)
         best = None
-        if not ev.random and ev.fitness > self.best_kept:
-            self.best_kept = ev.fitness
-            best = {"params": ev.z, "fitness": ev.fitness, "job": ev.job, "kind": ev.kind, "version": dist.version,
+        if not ev.random and f_best > self.best_kept:
+            self.best_kept = f_best
+            best = {"params": z_best, "fitness": f_best, "job": ev.job, "kind": ev.kind, "version": dist.version,
                     "steps": ev.steps}
         return Update(version=dist.version, moved=moved, mean=dist.mean if moved else None,
                       var=dist.var if moved else None, std=std, history=entry, best=best)

@@ -61,6 +61,10 @@ class Evaluated:
     dist_after: float = math.nan
     enqueued_at: float = 0.0
     ind: str = ""  # RL: the key of the stored trained individual (opaque here; the loop reads it back)
+    # an antithetic ES job (es_antithetic): μ − σ·ε, its return and episode length; f_mu is the pair's mean
+    mirror_z: np.ndarray | None = None
+    mirror_fitness: float = math.nan
+    mirror_length: int = 0
 
 
 @dataclass
