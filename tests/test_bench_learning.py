@@ -137,6 +137,14 @@ def test_learning_quick_rows_in_a_temporary_folder():
                                 "--cells", "Pendulum-v1:td3:1", "--dry-run"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=120)
         assert "1 already in learning.json, 0 to run" in again.stdout, again.stdout
+        # bench/rl_probe.py reads a finished run folder back (μ, critic, replay) and trains RL individuals
+        probe = subprocess.run([sys.executable, "bench/rl_probe.py", str(out_dir / "learning" / "Pendulum-v1" / "aesrl-s1"),
+                                "--settings", "20:1e-3", "--samples", "1"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+        rows = [line.split("|") for line in probe.stdout.splitlines() if line.count("|") == 7]
+        assert [r[0].strip() for r in rows] == ["individual", "μ (reference)", "RL 20 steps, lr 0.001"], probe.stdout
+        assert float(rows[2][1]) > 0 and all(math.isfinite(float(v)) for v in rows[2][1:7]), rows[2]
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     # Nothing committed changed, and no quick row reached the committed learning.json.

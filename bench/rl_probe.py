@@ -1,0 +1,146 @@
+"""What an RL job does to μ, measured on a finished run: the critic's Q against the true return.
+
+Loads a run folder left by `aesrl-queue run` (its Redis files: μ, var, the last critic and the replay),
+draws individuals from N(μ, var) as RL jobs do, trains each against the frozen critic's Q1 as
+`workers.jobs` does (`td3.train_actor`, fresh Adam) for several (actor steps, learning rate), and
+prints for each: the distance it moved from μ, the critic's mean Q(s, actor(s)) on replay states, and
+its mean return over fixed start states. The reference row is μ itself. A critic that rates the
+trained actors above μ while their returns fall below it is a critic that RL jobs cannot climb.
+
+Usage: python bench/rl_probe.py RUN_FOLDER [--run-id ID] [--settings 2000:1e-3,500:1e-3] [--samples 2]
+(RUN_FOLDER: e.g. bench/results/learning/Hopper-v5/aesrl-s2; the run id defaults to its name)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import redis  # noqa: E402
+import torch  # noqa: E402
+
+from aesrl_queue import codec, noise  # noqa: E402
+from aesrl_queue.nets import NetSpec, set_flat  # noqa: E402
+from aesrl_queue.numpy_actor import NetSpec as NumpySpec  # noqa: E402
+from aesrl_queue.rollout import run_episodes  # noqa: E402
+from aesrl_queue.store import Store  # noqa: E402
+from aesrl_queue.td3 import train_actor  # noqa: E402
+
+EVAL_STARTS = [10**6 + i for i in range(5)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load(folder: Path, run: str):
+    """(config, μ, var, critic weights, replay observations) from a copy of the run's Redis files."""
+    tmp = Path(tempfile.mkdtemp(prefix="rl-probe-"))
+    shutil.copytree(folder / "redis", tmp / "redis")
+    port = free_port()
+    srv = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp / "redis"),
+                            "--appendonly", "yes", "--appenddirname", "appendonlydir", "--save", ""],
+                           stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        store = Store(client, run)
+        cfg = store.config()
+        version = store.current_version()
+        mu, var = store.read_dist(version)
+        got = store.read_critic()
+        if got is None:
+            sys.exit(f"run {run} has no critic: nothing to probe")
+        obs, last = [], "0-0"
+        while rows := store.read_replay(last, count=500):
+            for entry_id, fields in rows:
+                last = entry_id
+                obs.append(store.decode_episode(entry_id, fields, obs_only=True)["obs"])
+        return cfg, version, mu, var, got, np.concatenate(obs)
+    finally:
+        srv.terminate()
+        srv.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--run-id", default=None)
+    ap.add_argument("--settings", default="2000:1e-3,2000:3e-4,500:1e-3,200:1e-3",
+                    help="actor steps:learning rate pairs to train with")
+    ap.add_argument("--samples", type=int, default=2, help="individuals drawn per setting")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    run = args.run_id or args.folder.name
+    cfg, version, mu, var, (critic_version, weights), obs = load(args.folder, run)
+    spec = NumpySpec(obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action, hidden=tuple(cfg.hidden),
+                     activation=cfg.activation, critic_hidden=tuple(cfg.critic_hidden),
+                     critic_activation=cfg.critic_activation)
+    tspec = NetSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+    critic = tspec.make_critic()
+    set_flat(critic, codec.check_array(weights["critic"], what="critic weights"))
+    for p in critic.parameters():
+        p.requires_grad_(False)
+    actor = spec.make_numpy_actor()
+    rng = np.random.default_rng(0)
+    probe_obs = torch.from_numpy(obs[rng.integers(len(obs), size=4000)])
+
+    def q(params: np.ndarray) -> float:
+        a = tspec.make_actor()
+        set_flat(a, params)
+        with torch.no_grad():
+            return float(critic.q1(probe_obs, a(probe_obs)).mean())
+
+    def returns(params: np.ndarray) -> tuple[float, float]:
+        actor.set_params(params)
+        eps = [run_episodes(cfg.env_id, actor, k=1, seed=s, store=False, env_kwargs=cfg.env_kwargs) for s in EVAL_STARTS]
+        return float(np.mean([e.returns[0] for e in eps])), float(np.mean([e.lengths[0] for e in eps]))
+
+    print(f"{cfg.env_id}, run {run}: μ version {version}, critic version {critic_version}, replay {len(obs):,} states, "
+          f"σ mean {float(np.sqrt(var).mean()):.4f}; return: mean over {len(EVAL_STARTS)} fixed start states")
+    ret_mu, len_mu = returns(mu)
+    q_mu = q(mu)
+    print(f"{'individual':>25} | {'‖z − μ‖':>8} | {'Q(s, a)':>8} | {'Q − Q(μ)':>8} | {'return':>7} | "
+          f"{'− f(μ)':>7} | {'length':>6} | {'train s':>7}")
+    print(f"{'μ (reference)':>25} | {0.0:>8.1f} | {q_mu:>8.2f} | {0.0:>8.2f} | {ret_mu:>7.0f} | {0.0:>7.0f} | "
+          f"{len_mu:>6.0f} | {'':>7}")
+    for item in args.settings.split(","):
+        steps, lr = int(item.split(":")[0]), float(item.split(":")[1])
+        for i in range(args.samples):
+            seed = 1000 + i
+            z = noise.sample(mu, var, seed)
+            gen = torch.Generator().manual_seed(seed)
+            t0 = time.monotonic()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                zt = train_actor(z, tspec, critic, lambda n, g=gen: obs[torch.randint(len(obs), (n,), generator=g).numpy()],
+                                 steps=steps, batch_size=cfg.batch_size, lr=lr)
+            secs = time.monotonic() - t0
+            qz, (ret, length) = q(zt), returns(zt)
+            print(f"{f'RL {steps} steps, lr {lr:g}':>25} | {np.linalg.norm(zt - mu):>8.1f} | {qz:>8.2f} | "
+                  f"{qz - q_mu:>8.2f} | {ret:>7.0f} | {ret - ret_mu:>7.0f} | {length:>6.0f} | {secs:>7.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
