@@ -357,8 +357,9 @@ ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     # var_init's 1e-3 keeps σ ≈ 0.03. And fixed-linear (p = Δ/r for Δ > 0, else 0): baseline-relative
     # gives p = 0.5 to an individual no better than μ, a random walk that ES alone cannot outpace
     # (bench/es_rules.py; docs/algorithms.md, "ES alone").
-    # Antithetic ES jobs: the pair's mean replaces the μ episode, at equal f(μ) (bench/es_rules.py:
-    # -536 ± 123 against -513 ± 139 over 3 seeds at 1M stored steps) with half the interactions.
+    # Antithetic ES jobs: the pair's mean replaces the μ episode, with no loss beyond the spread between
+    # seeds at 1M stored steps on Pendulum (final μ -536 ± 123 against -513 ± 139 in bench/es_rules.py,
+    # -718 ± 135 against -706 ± 287 through the queue in bench/learning.py) and half the interactions.
     "es": {"var_floor": 1e-3, "mean_rule": "fixed-linear", "es_antithetic": True},
     # AES-RL: an RL job trains 2 000 actor steps, not the paper's sum of the last 10 episode lengths
     # (10 000 on HalfCheetah). With the critic kept within critic_lag of the replay, 10 000 steps

@@ -91,7 +91,18 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # ES jobs as antithetic pairs (es_antithetic): no μ episode for them, about 1.5 interactions per
     # stored step instead of 2
     "aesrl-antithetic": (["--algo", "aesrl"], {"es_antithetic": True}),
+    # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
+    "es-mu-episode": (["--algo", "es"], {"es_antithetic": False}),
 }
+ES_VARIANTS = tuple(name for name in VARIANTS if name.startswith("es-"))  # the Pendulum ones
+
+
+def variants_for(env: str) -> tuple[str, ...]:
+    """The named variants an environment runs (only when asked for by name)."""
+    if env in MUJOCO:
+        return tuple(name for name in VARIANTS if name not in ES_VARIANTS)
+    return ES_VARIANTS if env == "Pendulum-v1" else ()
+
 RUN_ARGS.update({name: args for name, (args, _) in VARIANTS.items()})
 MUJOCO = ("HalfCheetah-v5", "Hopper-v5")
 ROW_FIELDS = ("env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s")
@@ -158,7 +169,7 @@ class Cell:
 def select_cells(settings: dict[str, EnvSettings], envs: list[str], algos: list[str], seeds: list[int],
                  order: str) -> list[Cell]:
     cells = [Cell(env, algo, seed) for env, s in settings.items() if not envs or env in envs
-             for algo in (*s.algos, *(VARIANTS if env in MUJOCO else ()))
+             for algo in (*s.algos, *variants_for(env))
              if (algo in algos if algo in VARIANTS else not algos or algo in algos) for seed in seeds]
     if order == "seed":  # seed 1 of every env and algo first: a partial bench still covers everything
         cells.sort(key=lambda c: c.seed)  # stable: env and algo keep their order within a seed
@@ -173,7 +184,7 @@ def parse_cells(text: str, settings: dict[str, EnvSettings]) -> list[Cell]:
             cell = Cell(env, algo, int(seed))
         except ValueError:
             raise SystemExit(f"--cells: expected env:algo:seed, got {item!r}") from None
-        if env not in settings or (algo not in settings[env].algos and not (algo in VARIANTS and env in MUJOCO)):
+        if env not in settings or (algo not in settings[env].algos and algo not in variants_for(env)):
             known = ", ".join(f"{e}:{{{','.join(s.algos)}}}" for e, s in settings.items())
             raise SystemExit(f"--cells: {item!r} is not a cell of this mode; known: {known}")
         cells.append(cell)
@@ -325,6 +336,22 @@ def summarise(folder: Path, budget: int) -> dict[str, Any]:
     return out
 
 
+def mu_on_fixed_starts(folder: Path, n: int = 10) -> float:
+    """The final μ of a run folder (its policy.npz), scored as bench/es_rules.py scores it: the mean
+    return over n fixed start states. A run's own f(μ) is a per-job estimate; for antithetic ES jobs it
+    is the mean of each pair, which sits below f(μ) wherever perturbing μ costs return."""
+    from aesrl_queue.numpy_actor import NumpyActor
+    from aesrl_queue.rollout import run_episodes
+    from cli.export import load_policy
+
+    pol = load_policy(folder)
+    net = pol["net"]
+    actor = NumpyActor(net["obs_dim"], net["act_dim"], net["max_action"], tuple(net["hidden"]), net["activation"])
+    actor.set_params(np.asarray(pol["params"], dtype=np.float32))
+    return float(np.mean([run_episodes(pol["env_id"], actor, k=1, seed=10**6 + i, store=False,
+                                       env_kwargs=pol["env_kwargs"]).returns[0] for i in range(n)]))
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -409,6 +436,15 @@ def es_line(rows: list[dict[str, Any]]) -> str:
         per_seed = ", ".join(f"{r['final']:.0f}" for r in rs)
         lines.append(f"Pendulum-v1 --algo es at {budget:,} stored steps: final f(μ) {mean_std([r['final'] for r in rs])} "
                      f"over {len(rs)} seed(s) (per seed: {per_seed}); target mean ≥ {ES_TARGET:.0f}: {verdict}")
+        # the final μ on 10 fixed start states, beside each ES variant's (the reference: --algo es)
+        for algo in ("es", *ES_VARIANTS):
+            vs = [r for r in rows if r["env"] == "Pendulum-v1" and r["algo"] == algo and r["budget_steps"] == budget
+                  and "mu_final_fixed_starts" in r]
+            if vs:
+                fixed = [r["mu_final_fixed_starts"] for r in vs]
+                lines.append(f"  {algo}: final μ on 10 fixed start states {mean_std(fixed)} (per seed: "
+                             f"{', '.join(f'{x:.0f}' for x in fixed)}); f(μ) {mean_std([r['final'] for r in vs])}; "
+                             f"{_mean(vs, 'interactions') / budget:.1f} interactions per stored step")
     return "\n".join(lines)
 
 
@@ -618,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
         if outcome == "ok":
             try:
                 stats = summarise(folder, s.steps)
+                if cell.env == "Pendulum-v1" and cell.algo.split("-")[0] == "es":
+                    stats["mu_final_fixed_starts"] = mu_on_fixed_starts(folder)
             except Exception as exc:  # an unreadable or empty run folder: report, do not record
                 outcome = f"no result ({exc})"
         if outcome != "ok":
