@@ -97,7 +97,7 @@ class RunConfig:
     # f(z) − f(μ) measures the change of policy, not the luck of the start (the paper: 5, unpaired).
     mean_eval_episodes: int = 1
     mean_eval_paired: bool = True
-    # asynchronous algorithms: an ES job evaluates the antithetic pair z = μ + σ·ε and μ − σ·ε from one
+    # aesrl and es: an ES job evaluates the antithetic pair z = μ + σ·ε and μ − σ·ε from one
     # start state, stores both episodes and estimates f(μ) as the pair's mean, so it spends no
     # episode on μ alone (half the interactions per stored step); both individuals are told, the
     # worse first. RL jobs still run their paired μ episode.
@@ -192,8 +192,10 @@ class RunConfig:
                  and self.r > 0, "r", f"must be a positive number or one of {', '.join(R_MODES)}, got {self.r!r}")
         need(isinstance(self.mean_eval_paired, bool), "mean_eval_paired", "must be true or false")
         need(isinstance(self.es_antithetic, bool), "es_antithetic", "must be true or false")
-        need(not self.es_antithetic or self.algo in ASYNC_ALGOS, "es_antithetic",
-             f"applies to the asynchronous algorithms ({', '.join(ASYNC_ALGOS)}), not {self.algo!r}")
+        # opo's success rule would count every pair as one success in two (its variance would only
+        # grow), and acemrl ranks a window of single individuals: the pair is for AES-RL's rules
+        need(not self.es_antithetic or self.algo in ("aesrl", "es"), "es_antithetic",
+             f"applies to --algo aesrl and es, not {self.algo!r}")
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
         need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")

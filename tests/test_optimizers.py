@@ -158,14 +158,15 @@ def test_an_antithetic_pair_compares_both_with_their_mean_and_moves_mu_towards_t
     np.testing.assert_array_equal(up.best["params"], z)
 
 
-def test_es_antithetic_is_the_es_default_and_only_for_asynchronous_algorithms() -> None:
+def test_es_antithetic_is_the_es_default_and_only_for_aesrl_rules() -> None:
     from aesrl_queue.config import ConfigError
 
     assert RunConfig.from_preset("Pendulum-v1", algo="es").es_antithetic
     assert not RunConfig.from_preset("Pendulum-v1", algo="aesrl").es_antithetic
     assert not RunConfig.from_preset("Pendulum-v1", algo="es", es_antithetic=False).es_antithetic
-    with pytest.raises(ConfigError, match="es_antithetic"):
-        RunConfig.from_preset("Pendulum-v1", algo="td3", es_antithetic=True).validate()
+    for algo in ("td3", "opo", "cemrl"):
+        with pytest.raises(ConfigError, match="es_antithetic"):
+            RunConfig.from_preset("Pendulum-v1", algo=algo, es_antithetic=True).validate()
 
 
 def test_aesrl_does_not_tell_random_action_results_with_an_adaptive_scale() -> None:
