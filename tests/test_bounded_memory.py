@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 RUN = "bounded"
 JOBS = 2000
-EPISODE = 4  # steps per episode: the budget is JOBS * EPISODE stored steps
+EPISODE = 4  # steps per episode: the budget is JOBS * PAIR * EPISODE stored steps
+PAIR = 2  # an es job stores an antithetic pair of episodes (es_antithetic, the es default)
 RESULT_TTL = 5  # seconds RQ keeps a finished job; our results go to the run's own stream
 HISTORY_MAX = 300  # entries kept in the results and history streams
 REPLAY = 400  # transitions kept in the replay stream
@@ -52,7 +53,7 @@ def _sample(client, out: list, fixed: set, per_job_counts: list, stop: threading
 
 def test_keys_and_memory_stay_bounded_over_thousands_of_jobs(tmp_path, redis_url, client, procs):
     cfg = write_config(tmp_path / "run.json", "AesrlNull-v0", algo="es", hidden=[8, 8],
-                       env_kwargs={"episode_len": EPISODE}, total_steps=JOBS * EPISODE, mean_eval_episodes=1,
+                       env_kwargs={"episode_len": EPISODE}, total_steps=JOBS * PAIR * EPISODE, mean_eval_episodes=1,
                        result_ttl=RESULT_TTL, failure_ttl=60, history_max=HISTORY_MAX, replay_capacity=REPLAY)
     base_memory = client.info("memory")["used_memory"]
     samples: list[tuple[float, int, int]] = []
