@@ -102,9 +102,17 @@ def test_es_never_asks_rl_and_no_job_that_would_overshoot_the_budget() -> None:
     cfg = config("es", total_steps=1000)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     assert {s["kind"] for s in opt.ask(20, steps=0, inflight=0, critic_version=5, now=0.0)} == {"es"}
-    opt.recent_lens.extend([50] * 5)
-    assert opt.ask(5, steps=900, inflight=2, critic_version=5, now=0.0) == []  # 900 + 2·50 >= 1000
-    assert len(opt.ask(5, steps=800, inflight=2, critic_version=5, now=0.0)) == 5
+    opt.recent_lens.extend([50] * 5)  # an antithetic es job stores two episodes: 100 steps
+    assert opt.ask(5, steps=800, inflight=2, critic_version=5, now=0.0) == []  # 800 + 2·100 >= 1000
+    assert len(opt.ask(5, steps=700, inflight=2, critic_version=5, now=0.0)) == 1  # 700 + 2·100 + 100
+    assert len(opt.ask(5, steps=0, inflight=2, critic_version=5, now=0.0)) == 5
+    # one job at a time counts: the k-th new job starts only if those before it leave room
+    one = AesrlOptimizer(config("es", total_steps=1000, es_antithetic=False), mu0(cfg))
+    one.recent_lens.extend([50] * 5)
+    assert len(one.ask(5, steps=800, inflight=2, critic_version=5, now=0.0)) == 2  # 800 + 2·50, + 50, + 50
+    # before any episode is known, full-length episodes are assumed
+    fresh = AesrlOptimizer(config("es", total_steps=3 * 2 * cfg.max_episode_steps), mu0(cfg))
+    assert len(fresh.ask(10, steps=0, inflight=0, critic_version=0, now=0.0)) == 3
 
 
 def test_aesrl_tell_moves_mu_by_the_baseline_relative_ratio_with_the_adaptive_scale() -> None:

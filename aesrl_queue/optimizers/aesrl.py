@@ -113,10 +113,14 @@ class AesrlOptimizer(OwnsDistribution):
         cfg = self.cfg
         if n <= 0:
             return []
-        # Do not start jobs whose episodes would certainly overshoot the budget.
-        mean_len = (sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens else 1
-        if steps + inflight * mean_len >= cfg.total_steps:
+        # Do not start jobs whose episodes would certainly overshoot the budget. Before any episode
+        # is known, assume full-length ones; an antithetic ES job stores two episodes.
+        mean_len = ((sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens
+                    else max(1, cfg.max_episode_steps))
+        job_steps = mean_len * (2 if cfg.es_antithetic else 1)
+        if steps + inflight * job_steps >= cfg.total_steps:
             return []
+        n = min(n, math.ceil((cfg.total_steps - steps) / job_steps - inflight))
         rl_ready = self.rl and critic_version > 0
         if rl_ready:
             self._critic_wait_since = None
