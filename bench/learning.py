@@ -340,16 +340,9 @@ def mu_on_fixed_starts(folder: Path, n: int = 10) -> float:
     """The final μ of a run folder (its policy.npz), scored as bench/es_rules.py scores it: the mean
     return over n fixed start states. A run's own f(μ) is a per-job estimate; for antithetic ES jobs it
     is the mean of each pair, which sits below f(μ) wherever perturbing μ costs return."""
-    from aesrl_queue.numpy_actor import NumpyActor
-    from aesrl_queue.rollout import run_episodes
-    from cli.export import load_policy
+    from cli.export import evaluate_policy
 
-    pol = load_policy(folder)
-    net = pol["net"]
-    actor = NumpyActor(net["obs_dim"], net["act_dim"], net["max_action"], tuple(net["hidden"]), net["activation"])
-    actor.set_params(np.asarray(pol["params"], dtype=np.float32))
-    return float(np.mean([run_episodes(pol["env_id"], actor, k=1, seed=10**6 + i, store=False,
-                                       env_kwargs=pol["env_kwargs"]).returns[0] for i in range(n)]))
+    return evaluate_policy(folder, episodes=n, seed=10**6)["mean"]  # episode i resets with seed 10**6 + i
 
 
 def git_commit() -> str:

@@ -14,10 +14,7 @@ Usage: python bench/rl_probe.py RUN_FOLDER [--run-id ID] [--settings 2000:1e-3,5
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +30,7 @@ import torch  # noqa: E402
 
 from aesrl_queue import codec, noise  # noqa: E402
 from aesrl_queue.nets import NetSpec, set_flat  # noqa: E402
-from aesrl_queue.numpy_actor import NetSpec as NumpySpec  # noqa: E402
+from aesrl_queue.redis_server import RedisServer  # noqa: E402
 from aesrl_queue.rollout import run_episodes  # noqa: E402
 from aesrl_queue.store import Store  # noqa: E402
 from aesrl_queue.td3 import train_actor  # noqa: E402
@@ -41,28 +38,13 @@ from aesrl_queue.td3 import train_actor  # noqa: E402
 EVAL_STARTS = [10**6 + i for i in range(5)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def load(folder: Path, run: str):
-    """(config, μ, var, critic weights, replay observations) from a copy of the run's Redis files."""
+    """(config, version, μ, var, critic, replay observations) from a copy of the run's Redis files."""
     tmp = Path(tempfile.mkdtemp(prefix="rl-probe-"))
     shutil.copytree(folder / "redis", tmp / "redis")
-    port = free_port()
-    srv = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp / "redis"),
-                            "--appendonly", "yes", "--appenddirname", "appendonlydir", "--save", ""],
-                           stdout=subprocess.DEVNULL)
+    server = RedisServer(directory=tmp / "redis", appendonly=True).start()
     try:
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
+        client = redis.Redis.from_url(server.url)
         store = Store(client, run)
         cfg = store.config()
         version = store.current_version()
@@ -77,8 +59,7 @@ def load(folder: Path, run: str):
                 obs.append(store.decode_episode(entry_id, fields, obs_only=True)["obs"])
         return cfg, version, mu, var, got, np.concatenate(obs)
     finally:
-        srv.terminate()
-        srv.wait(10)
+        server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -93,15 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     run = args.run_id or args.folder.name
     cfg, version, mu, var, (critic_version, weights), obs = load(args.folder, run)
-    spec = NumpySpec(obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action, hidden=tuple(cfg.hidden),
-                     activation=cfg.activation, critic_hidden=tuple(cfg.critic_hidden),
-                     critic_activation=cfg.critic_activation)
-    tspec = NetSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+    tspec = NetSpec.from_config(cfg)
     critic = tspec.make_critic()
     set_flat(critic, codec.check_array(weights["critic"], what="critic weights"))
     for p in critic.parameters():
         p.requires_grad_(False)
-    actor = spec.make_numpy_actor()
+    actor = tspec.make_numpy_actor()
     rng = np.random.default_rng(0)
     probe_obs = torch.from_numpy(obs[rng.integers(len(obs), size=4000)])
 
