@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         if outcome == "ok":
             try:
                 stats = summarise(folder, s.steps)
-                if cell.env == "Pendulum-v1" and cell.algo.split("-")[0] == "es":
+                if cell.env == "Pendulum-v1" and cell.algo in ("es", *ES_VARIANTS):
                     stats["mu_final_fixed_starts"] = mu_on_fixed_starts(folder)
             except Exception as exc:  # an unreadable or empty run folder: report, do not record
                 outcome = f"no result ({exc})"

@@ -279,8 +279,8 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
     ep = run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=seed % (2**31),
                       random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs)
     fitness, length = float(ep.returns[0]), int(ep.lengths[0])
-    transitions = ep.transitions
-
+    transitions, mirror = ep.transitions, {}
+    f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
     if kind == "es" and cfg.es_antithetic and not random_actions:
         # The antithetic individual μ − σ·ε from the same start state, stored as well: the pair's
         # mean return estimates f(μ) (its first-order terms cancel), so no episode is spent on μ.
@@ -288,33 +288,25 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         ep2 = run_episodes(cfg.env_id, ctx.actor, k=1, seed=seed % (2**31), store=True, env_kwargs=cfg.env_kwargs)
         mirror = {"mirror_fitness": float(ep2.returns[0]), "mirror_len": int(ep2.lengths[0])}
         transitions = {k: np.concatenate([v, ep2.transitions[k]]) for k, v in transitions.items()}
-        fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=0.5 * (fitness + mirror["mirror_fitness"]),
-                      f_mu_version=version, ind="", eval_steps=0, duration=time.monotonic() - t0,
-                      train_time=0.0, **mirror)
-        store.finish_job(transitions, base["job"], fields)
-        return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": fields["f_mu"], **mirror}
-
-    # f(μ) for the scheduler's update rule. Paired (the default): the μ the individual was drawn
-    # from, already in memory, first from the individual's own start state, so that f(z) − f(μ)
-    # measures the policy and not the start. Unpaired (the paper): an ES job evaluates the μ it read
-    # at its start, an RL job, which trained for seconds meanwhile, the mean as it is now, from
-    # other start states. The scheduler keeps the newest estimate for display.
-    f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
-    if kind == "es" or cfg.mean_eval_paired:
-        got = (version, mu)
+        f_mu, f_mu_version = 0.5 * (fitness + mirror["mirror_fitness"]), version
     else:
-        got = ctx.read_current_mu()
-    if got and got[1] is not None:
-        f_mu_version = int(got[0])
-        ctx.actor.set_params(got[1])
-        eval_seed = seed if cfg.mean_eval_paired else seed + 1
-        ev = run_episodes(cfg.env_id, ctx.actor, k=cfg.mean_eval_episodes, seed=eval_seed % (2**31),
-                          store=False, env_kwargs=cfg.env_kwargs)
-        f_mu = float(np.mean(ev.returns))
-        eval_steps = int(sum(ev.lengths))
+        # f(μ) for the scheduler's update rule. Paired (the default): the μ the individual was drawn
+        # from, already in memory, first from the individual's own start state, so that f(z) − f(μ)
+        # measures the policy and not the start. Unpaired (the paper): an ES job evaluates the μ it
+        # read at its start, an RL job, which trained for seconds meanwhile, the mean as it is now,
+        # from other start states. The scheduler keeps the newest estimate for display.
+        got = (version, mu) if kind == "es" or cfg.mean_eval_paired else ctx.read_current_mu()
+        if got and got[1] is not None:
+            f_mu_version = int(got[0])
+            ctx.actor.set_params(got[1])
+            eval_seed = seed if cfg.mean_eval_paired else seed + 1
+            ev = run_episodes(cfg.env_id, ctx.actor, k=cfg.mean_eval_episodes, seed=eval_seed % (2**31),
+                              store=False, env_kwargs=cfg.env_kwargs)
+            f_mu = float(np.mean(ev.returns))
+            eval_steps = int(sum(ev.lengths))
 
     fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
                   ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time,
-                  **dists)
+                  **dists, **mirror)
     store.finish_job(transitions, base["job"], fields, extra_interactions=eval_steps)
-    return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu}
+    return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}
