@@ -15,6 +15,9 @@ Variants (what `--algo es` used before and after issue 14, and the steps between
     linear-floor3e-4, linear-floor3e-3   as linear, with another variance floor
     pp50, pp25   as linear, with the paper's p_positive = 0.5 or 0.25 (μ moves at most half or a
                  quarter of the way to the best individual: one episode's luck is averaged out)
+    mirror       as linear, but each job runs z and μ − σ·ε from one start state (both stored); f(μ) is
+                 the pair's mean and both are told, the worse first (`es_antithetic`, the es default)
+    starts2      as linear, with z and μ each evaluated on two start states
 
 Usage: python bench/es_rules.py [--quick] [--seeds 0,1,2] [--steps 1000000] [--variants ...]
 """
@@ -52,7 +55,6 @@ VARIANTS = {
     "pp25": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, positive_ratio=0.25),
     "starts2": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, starts=2),
     "mirror": dict(r="adaptive", mean_rule="fixed-linear", var_floor=1e-3, paired=True, k=1, mirror=True),
-    "mirror-floor3e-3": dict(r="adaptive", mean_rule="fixed-linear", var_floor=3e-3, paired=True, k=1, mirror=True),
 }
 EVAL_STARTS = [10**6 + i for i in range(10)]
 
