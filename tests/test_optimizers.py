@@ -136,7 +136,7 @@ def test_aesrl_tell_moves_mu_by_the_baseline_relative_ratio_with_the_adaptive_sc
 def test_an_antithetic_pair_compares_both_with_their_mean_and_moves_mu_towards_the_better() -> None:
     """es_antithetic: f(μ) is the pair's mean, the worse is told first (p = 0 under fixed-linear), the
     better then moves μ; both lengths enter the rl_steps window and a better mirror is the one kept."""
-    cfg = config("es", initial_steps=0, es_antithetic=True, r=10.0)
+    cfg = config("es", initial_steps=0, es_antithetic=True, r=10.0, positive_ratio=1.0)
     assert cfg.mean_rule == "fixed-linear"  # the es default
     opt = AesrlOptimizer(cfg, mu0(cfg))
     [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
@@ -170,6 +170,8 @@ def test_es_antithetic_is_the_es_default_and_only_for_aesrl_rules() -> None:
     from aesrl_queue.config import ConfigError
 
     assert RunConfig.from_preset("Pendulum-v1", algo="es").es_antithetic
+    assert RunConfig.from_preset("Pendulum-v1", algo="es").positive_ratio == 0.25  # the paper's default is 1.0
+    assert RunConfig.from_preset("Pendulum-v1", algo="aesrl").positive_ratio == 1.0
     assert not RunConfig.from_preset("Pendulum-v1", algo="aesrl").es_antithetic
     assert not RunConfig.from_preset("Pendulum-v1", algo="es", es_antithetic=False).es_antithetic
     for algo in ("td3", "opo", "cemrl"):
