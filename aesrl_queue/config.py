@@ -102,6 +102,10 @@ class RunConfig:
     # episode on μ alone (half the interactions per stored step); both individuals are told, the
     # worse first. RL jobs still run their paired μ episode.
     es_antithetic: bool = False
+    # aesrl and es, antithetic pairs only: a pair drawn from an older μ (other results were told while
+    # it ran) moves the current μ by p·(z − μ_drawn), its offset, instead of p·(z − μ_now), which also
+    # pulls μ back towards where it was. False is the paper's rule.
+    pair_shift: bool = False
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -195,6 +199,9 @@ class RunConfig:
         # opo's success rule would count every pair as one success in two (its variance would only
         # grow), and acemrl ranks a window of single individuals: the pair is for AES-RL's rules
         need(not self.es_antithetic or self.algo in ("aesrl", "es"), "es_antithetic",
+             f"applies to --algo aesrl and es, not {self.algo!r}")
+        need(isinstance(self.pair_shift, bool), "pair_shift", "must be true or false")
+        need(not self.pair_shift or self.algo in ("aesrl", "es"), "pair_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
         need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
@@ -365,7 +372,11 @@ ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     # And the paper's p_positive at 0.25: μ moves a quarter of the way the rule asks towards the better
     # of a pair, so one start state's luck is averaged over several pairs instead of taken whole:
     # -297 ± 69 against -536 ± 123 with 1.0 (bench/es_rules.py, mirror-pp25 against mirror, 3 seeds).
-    "es": {"var_floor": 1e-3, "mean_rule": "fixed-linear", "es_antithetic": True, "positive_ratio": 0.25},
+    # And pair_shift: with 2 workers about 4 jobs are in flight, so a pair was drawn ~3 updates ago; moving
+    # the current μ towards z also undoes part of those updates (in one process, 3 seeds: -255 told at
+    # once, -723 told 3 updates late, -370 late with the shift).
+    "es": {"var_floor": 1e-3, "mean_rule": "fixed-linear", "es_antithetic": True, "positive_ratio": 0.25,
+           "pair_shift": True},
     # AES-RL: an RL job trains 2 000 actor steps, not the paper's sum of the last 10 episode lengths
     # (10 000 on HalfCheetah). With the critic kept within critic_lag of the replay, 10 000 steps
     # against one critic snapshot overshoot it: HalfCheetah seed 1 1697 against 3907 at 100k steps, in

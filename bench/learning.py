@@ -94,7 +94,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0}),
     # Pendulum-v1: antithetic ES jobs with p_positive 1.0 (the es default before p_positive 0.25)
-    "es-pp100": (["--algo", "es"], {"positive_ratio": 1.0}),
+    "es-pp100": (["--algo", "es"], {"positive_ratio": 1.0, "pair_shift": False}),
+    # Pendulum-v1: the es default without pair_shift (a late pair pulls μ towards z, the paper's rule)
+    "es-no-shift": (["--algo", "es"], {"pair_shift": False}),
 }
 ES_VARIANTS = tuple(name for name in VARIANTS if name.startswith("es-"))  # the Pendulum ones
 

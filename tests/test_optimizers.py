@@ -166,6 +166,33 @@ def test_an_antithetic_pair_compares_both_with_their_mean_and_moves_mu_towards_t
     np.testing.assert_array_equal(up.best["params"], z)
 
 
+@pytest.mark.parametrize("shift", [True, False])
+def test_a_stale_pair_moves_mu_by_its_offset_with_pair_shift_and_towards_z_without(shift) -> None:
+    """Two pairs drawn from one μ; the first moves μ, so the second is told one version late. With
+    pair_shift (the es default) μ moves by p·(z − μ_drawn); with the paper's rule, towards z itself."""
+    cfg = config("es", initial_steps=0, r=10.0, positive_ratio=1.0, pair_shift=shift)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(2, steps=0, inflight=0, critic_version=0, now=0.0)
+    mu0_, var0 = opt.mean.astype(np.float64), opt.var.copy()
+    zs = [(noise.sample(opt.mean, var0, s["seed"]), noise.sample(opt.mean, var0, noise.mirrored(s["seed"])))
+          for s in specs]
+    for spec, (z, m), f in zip(specs, zs, (104.0, 106.0), strict=True):
+        ev = evaluated(opt, spec, fitness=f, z=z)  # z beats the pair's mean by (f − 100)/2: p = 0.2, 0.3
+        ev.mirror_z, ev.mirror_fitness, ev.mirror_length = m, 100.0, 50
+        before = opt.mean.astype(np.float64)
+        up = opt.tell(ev)
+        assert up.moved and up.history["p"] == pytest.approx((f - 100.0) / 20.0)
+    z1, z2 = (z.astype(np.float64) for z, _ in zs)
+    mu1 = 0.8 * mu0_ + 0.2 * z1  # the first pair was drawn from the current μ: the same under both rules
+    np.testing.assert_allclose(before, mu1, atol=1e-5)
+    want = mu1 + 0.3 * (z2 - mu0_) if shift else 0.7 * mu1 + 0.3 * z2
+    np.testing.assert_allclose(opt.mean, want, atol=1e-5)
+    # the two rules differ by 0.3·(μ1 − μ0) = 0.06·σε here, far above the tolerance
+    assert np.abs((mu1 + 0.3 * (z2 - mu0_)) - (0.7 * mu1 + 0.3 * z2)).max() > 5e-4
+    assert RunConfig.from_preset("Pendulum-v1", algo="es").pair_shift
+    assert not RunConfig.from_preset("Pendulum-v1", algo="aesrl").pair_shift
+
+
 def test_es_antithetic_is_the_es_default_and_only_for_aesrl_rules() -> None:
     from aesrl_queue.config import ConfigError
 

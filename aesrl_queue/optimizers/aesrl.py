@@ -211,8 +211,13 @@ class AesrlOptimizer(OwnsDistribution):
         members = [(ev.fitness, ev.z)]
         if pair:
             members = sorted([(ev.fitness, ev.z), (ev.mirror_fitness, ev.mirror_z)], key=lambda m: m[0])
+        tellees = members
+        if pair and cfg.pair_shift and ev.version != dist.version:
+            # drawn from an older μ (the pair's midpoint): tell the pair's offsets from the current μ
+            shift = dist.mean.astype(np.float64) - 0.5 * (ev.z.astype(np.float64) + ev.mirror_z)
+            tellees = [(f_i, (z_i + shift).astype(np.float32)) for f_i, z_i in members]
         if told:
-            for f_i, z_i in members:
+            for f_i, z_i in tellees:
                 p_loser = p
                 if hasattr(dist, "tell_step"):
                     p, step_i = dist.tell_step(z_i, f_i, f_ref, var_step=cfg.rl_var_update or ev.kind != "rl")
