@@ -92,11 +92,14 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # stored step instead of 2
     "aesrl-antithetic": (["--algo", "aesrl"], {"es_antithetic": True}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
-    "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0}),
+    "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
+                                         "var_floor": 1e-3}),
     # Pendulum-v1: antithetic ES jobs with p_positive 1.0 (the es default before p_positive 0.25)
-    "es-pp100": (["--algo", "es"], {"positive_ratio": 1.0, "pair_shift": False}),
-    # Pendulum-v1: the es default without pair_shift (a late pair pulls μ towards z, the paper's rule)
-    "es-no-shift": (["--algo", "es"], {"pair_shift": False}),
+    "es-pp100": (["--algo", "es"], {"positive_ratio": 1.0, "pair_shift": False, "var_init": 1e-3, "var_floor": 1e-3}),
+    # Pendulum-v1: p_positive 0.25 at σ 0.03, without pair_shift (a late pair pulls μ towards z, the
+    # paper's rule) and with it; the es default has both and σ 0.1
+    "es-no-shift": (["--algo", "es"], {"pair_shift": False, "var_init": 1e-3, "var_floor": 1e-3}),
+    "es-floor1e-3": (["--algo", "es"], {"var_init": 1e-3, "var_floor": 1e-3}),
 }
 ES_VARIANTS = tuple(name for name in VARIANTS if name.startswith("es-"))  # the Pendulum ones
 

@@ -205,6 +205,8 @@ class MetricsWriter:
             "rl_share": self.counts["rl"] / total if total else 0.0, "len": h.get("len"), "job": h.get("job"),
             "worker": h.get("worker"), "random": h.get("random", False), "rl_steps": h.get("rl_steps"),
             "duration": h.get("duration"),
+            # updates told while this individual ran: how stale the μ it was drawn from was
+            "lag": h.get("lag"),
         }
         self._write(rec)
         n = 1

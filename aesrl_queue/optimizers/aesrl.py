@@ -246,7 +246,9 @@ class AesrlOptimizer(OwnsDistribution):
                  "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps,
                  # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
                  "f_ref": f_ref, "delta": ev.fitness - f_ref, "r": r_used, "told": told,
-                 "dist_before": ev.dist_before, "dist_after": ev.dist_after}
+                 "dist_before": ev.dist_before, "dist_after": ev.dist_after,
+                 # how many updates were told while this individual ran (drawn from an older μ)
+                 "lag": version_before - ev.version}
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it
             entry.update(f_z=f_best, delta=f_best - f_ref, f_pair_worse=members[0][0], p_pair_worse=p_loser,
                          mirror_won=z_best is ev.mirror_z)
