@@ -176,12 +176,13 @@ def test_a_stale_pair_moves_mu_by_its_offset_with_pair_shift_and_towards_z_witho
     mu0_, var0 = opt.mean.astype(np.float64), opt.var.copy()
     zs = [(noise.sample(opt.mean, var0, s["seed"]), noise.sample(opt.mean, var0, noise.mirrored(s["seed"])))
           for s in specs]
-    for spec, (z, m), f in zip(specs, zs, (104.0, 106.0), strict=True):
+    for lag, (spec, (z, m), f) in enumerate(zip(specs, zs, (104.0, 106.0), strict=True)):
         ev = evaluated(opt, spec, fitness=f, z=z)  # z beats the pair's mean by (f − 100)/2: p = 0.2, 0.3
         ev.mirror_z, ev.mirror_fitness, ev.mirror_length = m, 100.0, 50
         before = opt.mean.astype(np.float64)
         up = opt.tell(ev)
         assert up.moved and up.history["p"] == pytest.approx((f - 100.0) / 20.0)
+        assert up.history["lag"] == lag  # updates told since the pair was drawn
     z1, z2 = (z.astype(np.float64) for z, _ in zs)
     mu1 = 0.8 * mu0_ + 0.2 * z1  # the first pair was drawn from the current μ: the same under both rules
     np.testing.assert_allclose(before, mu1, atol=1e-5)
