@@ -59,6 +59,11 @@ class RunConfig:
     r: float | str = "adaptive"
     r_window: int = 100  # adaptive r: gaps f(z) - f(μ) it is computed from
     r_factor: float = 1.0  # adaptive r: multiple of the robust spread
+    # adaptive r: whose gaps f(z) − f(μ) set it. "all" (default): every told individual's; "es": only ES
+    # individuals' (RL individuals are judged on that scale but do not widen it: on Hopper's plateau a
+    # window of ES gaps near 0 and RL gaps near −800 has a spread of hundreds, under which an RL
+    # individual a few hundred below μ still gets p > 0)
+    r_kinds: str = "all"
     negative_ratio: float = 0.0  # fixed-linear only: weight of negative moves
     positive_ratio: float = 1.0  # the paper's p_positive: share of p kept for a better individual
     # whether an RL individual's step also updates the variance (the paper and its code: yes). It was
@@ -204,6 +209,7 @@ class RunConfig:
         need(not self.pair_shift or self.algo in ("aesrl", "es"), "pair_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
+        need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
         need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")
         if self.run_id:

@@ -225,15 +225,18 @@ class AesrlDistribution(AsyncDistribution):
     def tell(self, z: Any, f_z: float, f_mu: float) -> float:
         return self.tell_step(z, f_z, f_mu)[0]
 
-    def tell_step(self, z: Any, f_z: float, f_mu: float,
-                  var_step: bool = True) -> tuple[float, kernels.StepOut | None]:
+    def tell_step(self, z: Any, f_z: float, f_mu: float, var_step: bool = True,
+                  scale_step: bool = True) -> tuple[float, kernels.StepOut | None]:
         """`tell`, also returning the compiled kernel's one-pass outputs (μ', var', σ', changed,
         ||μ' − μ||) when it ran the step, else None: the optimizer hands σ' and the move on to the
         scheduler instead of having them computed a second time.
 
         `var_step=False` moves μ but leaves the variance as it is: for an individual that was not
         drawn from N(μ, var) (an RL individual, moved by gradient steps), whose distance from μ says
-        nothing about the spread of good samples (RunConfig.rl_var_update)."""
+        nothing about the spread of good samples (RunConfig.rl_var_update).
+
+        `scale_step=False` judges the individual on the current fitness scale without adding its gap
+        to the scale's window (RunConfig.r_kinds = "es": RL gaps do not set r)."""
         fn = kernels.compiled()
         plain = kernels.plain_vector(z, self.dim) if fn is not None else None
         if plain is None:
@@ -243,7 +246,7 @@ class AesrlDistribution(AsyncDistribution):
             if self.scale is not None and not np.all(np.isfinite(z)):  # before the scale counts it
                 raise ValueError("z must be finite (and within float32 range)")
         if self.scale is not None:  # inputs are valid: this result now counts towards the scale
-            r_now = self.scale.update(f_z, f_mu)
+            r_now = self.scale.update(f_z, f_mu) if scale_step else (self.scale.r if self.scale.ready else None)
             self.r = self.scale.r
             if r_now is None:  # too few gaps to know their spread: recorded, μ stays
                 return 0.0, None

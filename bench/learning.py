@@ -93,6 +93,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # critic sees no spread of actions around μ's and every RL individual trained on it falls
     # (Hopper seed 3: median gap -700, none above μ after 15k steps)
     "aesrl-floor1e-3": (["--algo", "aesrl"], {"var_floor": 1e-3}),
+    # the adaptive r from ES gaps only: on Hopper's plateau RL gaps near −800 beside ES gaps near 0 made
+    # r grow to 300–430, and RL individuals a few hundred below μ then moved it (seed 3: μ 1074 → 254)
+    "aesrl-r-es": (["--algo", "aesrl"], {"r_kinds": "es"}),
     # ES jobs as antithetic pairs (es_antithetic): no μ episode for them, about 1.5 interactions per
     # stored step instead of 2
     "aesrl-antithetic": (["--algo", "aesrl"], {"es_antithetic": True}),

@@ -114,6 +114,7 @@ def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
         ("rl_ratio", math.nan),
         ("positive_ratio", 0.0),
         ("positive_ratio", 1.2),
+        ("r_kinds", "rl"),
         ("critic_lag", -1),
         ("critic_lag", 0.5),
         ("gamma", -0.1),

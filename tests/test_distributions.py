@@ -434,3 +434,19 @@ def test_fast_aesrl_step_matches_the_plain_formulas(dim: int) -> None:
         fast, fast_var = _aesrl_step(mu, var, z, p, n, 1e-8)
         assert np.array_equal(fast.view(np.uint32), plain.view(np.uint32)), (p, n)
         assert np.array_equal(fast_var.view(np.uint32), np.asarray(plain_var).view(np.uint32)), (p, n)
+
+
+def test_a_result_told_without_scale_step_is_judged_on_r_but_does_not_move_it() -> None:
+    """RunConfig.r_kinds = "es": RL gaps do not enter the adaptive scale's window."""
+    from aesrl_queue.rules import update_ratio
+
+    d = make_distribution("aesrl", np.zeros(3), r="adaptive", var_init=1e-2)
+    for i, gap in enumerate([-2.0, -1.0, 0.0, 1.0, 2.0]):
+        d.tell(np.full(3, 0.01 * i, dtype=np.float32), 100.0 + gap, 100.0)
+    r = d.r
+    assert d.scale.ready and 1.0 < r < 3.0
+    p, _ = d.tell_step(np.full(3, 0.5, dtype=np.float32), 100.0 - 0.5 * r, 100.0, scale_step=False)
+    assert d.r == r and len(d.scale._seen) == 5  # judged on r, not counted in it
+    assert p == pytest.approx(update_ratio("baseline-relative", 100.0 - 0.5 * r, 100.0, r))
+    d.tell_step(np.full(3, 0.5, dtype=np.float32), 100.0 - 800.0, 100.0)  # counted: the spread grows
+    assert len(d.scale._seen) == 6 and d.r > r

@@ -220,7 +220,8 @@ class AesrlOptimizer(OwnsDistribution):
             for f_i, z_i in tellees:
                 p_loser = p
                 if hasattr(dist, "tell_step"):
-                    p, step_i = dist.tell_step(z_i, f_i, f_ref, var_step=cfg.rl_var_update or ev.kind != "rl")
+                    p, step_i = dist.tell_step(z_i, f_i, f_ref, var_step=cfg.rl_var_update or ev.kind != "rl",
+                                               scale_step=cfg.r_kinds == "all" or ev.kind != "rl")
                     step = step_i if step_i is not None else step
                 else:
                     p = dist.tell(z_i, f_i, f_ref)
