@@ -102,7 +102,7 @@ def cluster(tmp_path_factory):
 
 
 class Sampler:
-    """Polls a run's in-flight count, steps and status every 50 ms while it runs."""
+    """Polls a run's in-flight count, steps and status every 20 ms while it runs."""
 
     def __init__(self, client, run: str) -> None:
         self.store = Store(client, run)
@@ -120,7 +120,7 @@ class Sampler:
             n, (status, steps, rl, critic) = pipe.execute()
             self.samples.append({"inflight": n, "status": (status or b"").decode(), "steps": int(steps or 0),
                                  "rl": int(rl or 0), "critic": int(critic or 0)})
-            time.sleep(0.05)
+            time.sleep(0.02)
 
     def stop(self) -> list[dict]:
         self._stop.set()
