@@ -91,6 +91,12 @@ class RunConfig:
     noise_clip: float = 0.5
     rl_steps_window: int = 10  # rl_steps = sum of the last N evaluated episode lengths
     rl_steps_max: int = 10_000
+    # a trust region for RL jobs: an RL job stops training once its actions on the replay's states
+    # differ from those of the individual it started from by more than this (root mean square, as a
+    # fraction of the action bound); 0 = train all rl_steps (the paper). A critic is only informed
+    # about actions near those in the replay; beyond them its gradient leads into its own errors
+    # (Hopper: trained individuals 15 from μ in parameter norm, rated above μ, fell)
+    rl_action_limit: float = 0.0
     critic_chunk: int = 1000  # critic steps between publications
     # the most stored steps the critic may trail (its steps against the replay's) before the scheduler
     # holds new jobs after the random phase, so that RL jobs train against a critic that has seen the
@@ -111,6 +117,13 @@ class RunConfig:
     # it ran) moves the current μ by p·(z − μ_drawn), its offset, instead of p·(z − μ_now), which also
     # pulls μ back towards where it was. False is the paper's rule.
     pair_shift: bool = False
+    # aesrl: Gaussian action noise (std as a fraction of the action bound, TD3's exploration noise) on
+    # the stored episode of every ES individual after the random phase, and on its paired f(μ) episode
+    # with the same draws, so f(z) − f(μ) still compares two policies under one perturbation. RL jobs
+    # stay noise-free, and only their f(μ) is reported as the run's f(μ). Without it (the paper: 0) the
+    # replay holds only the deterministic actions of individuals a few thousandths apart, and the
+    # critic cannot tell which way a better action lies (Hopper's plateau, docs/performance.md §3).
+    action_noise: float = 0.0
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -208,6 +221,20 @@ class RunConfig:
         need(isinstance(self.pair_shift, bool), "pair_shift", "must be true or false")
         need(not self.pair_shift or self.algo in ("aesrl", "es"), "pair_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
+        need(isinstance(self.action_noise, int | float) and not isinstance(self.action_noise, bool)
+             and math.isfinite(self.action_noise) and 0 <= self.action_noise <= 1, "action_noise",
+             f"must be a number from 0 to 1 (a fraction of the action bound), got {self.action_noise!r}")
+        # the run's f(μ) then comes from RL jobs alone, and an ES individual needs its own paired,
+        # equally noisy f(μ) episode to be compared with
+        need(not self.action_noise or (self.algo == "aesrl" and self.rl_ratio > 0), "action_noise",
+             f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
+             + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
+        need(not self.action_noise or (self.mean_eval_paired and not self.es_antithetic), "action_noise",
+             "needs mean_eval_paired = true and es_antithetic = false (a noisy ES individual is compared "
+             "with μ under the same noise, from its own paired episode)")
+        need(isinstance(self.rl_action_limit, int | float) and not isinstance(self.rl_action_limit, bool)
+             and math.isfinite(self.rl_action_limit) and self.rl_action_limit >= 0, "rl_action_limit",
+             f"must be a number >= 0 (a fraction of the action bound; 0 = no limit), got {self.rl_action_limit!r}")
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
         need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
         need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,

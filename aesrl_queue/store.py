@@ -140,9 +140,13 @@ class Result:
     # RL jobs: ‖z − μ_v‖ of the sampled individual, and after its TD3 training (NaN for ES)
     dist_before: float = math.nan
     dist_after: float = math.nan
+    rl_trained: int = 0  # RL jobs: actor steps trained (fewer than rl_steps when rl_action_limit stopped it)
     # antithetic ES jobs (es_antithetic): the return and length of μ − σ·ε (NaN, 0 otherwise)
     mirror_fitness: float = math.nan
     mirror_len: int = 0
+    # action_noise: the std of the action noise both f(z) and f(μ) were measured under (0: none);
+    # such an f(μ) is a reference for f(z) only, not an estimate of the run's f(μ)
+    f_mu_noise: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -198,8 +202,10 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         interactions=num("interactions", int, -1),
         dist_before=num("dist_before", float, math.nan),
         dist_after=num("dist_after", float, math.nan),
+        rl_trained=num("rl_trained", int, 0),
         mirror_fitness=num("mirror_fitness", float, math.nan),
         mirror_len=num("mirror_len", int, 0),
+        f_mu_noise=num("f_mu_noise", float, 0.0),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +129,12 @@ def actor_update(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimi
     return float(_actor_step(actor, critic, actor_opt, obs).item())
 
 
+@torch.no_grad()
+def action_change(actor: nn.Module, start: nn.Module, obs: torch.Tensor, max_action: float) -> float:
+    """Root mean square difference of two actors' actions on obs, as a fraction of max_action."""
+    return float(torch.sqrt(torch.mean((actor(obs) - start(obs)) ** 2)).item()) / max_action
+
+
 def train_actor(
     flat_params: np.ndarray,
     spec: NetSpec,
@@ -137,20 +144,37 @@ def train_actor(
     batch_size: int = 256,
     lr: float = 1e-3,
     device: str | torch.device = "cpu",
+    max_action_change: float = 0.0,
+    info: dict | None = None,
 ) -> np.ndarray:
     """Train an actor from flat_params against a fixed critic's Q1 with a fresh Adam (an RL job).
 
     The critic is moved to device and left with requires_grad as it was. Returns float32 params.
+
+    max_action_change > 0 is a trust region: after every actor step the root mean square change of
+    the actions on that step's batch, from the starting actor's and as a fraction of max_action, is
+    measured; at the first step above it training stops and that step is undone (a fresh Adam's
+    first steps at lr 1e-3 move a 256-256 actor's actions by tenths of the bound, so the check is
+    per step). `info`, when given, receives "steps" (the steps kept) and "action_change" (their
+    change).
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
+    if not (math.isfinite(max_action_change) and max_action_change >= 0):
+        raise ValueError(f"max_action_change must be >= 0, got {max_action_change}")
     device = torch.device(device)
     actor = spec.make_actor()
     set_flat(actor, flat_params)
     actor.to(device)
     critic.to(device)
+    start = None
+    if max_action_change > 0:
+        start = spec.make_actor()
+        set_flat(start, flat_params)
+        start.to(device)
     opt = torch.optim.Adam(actor.parameters(), lr=lr)
     loss = None
+    kept, change = 0, 0.0
     for step in range(steps):
         obs = sample_obs(batch_size)
         # A tensor (e.g. from a replay buffer already on the device) skips the numpy round trip.
@@ -162,9 +186,19 @@ def train_actor(
             raise ValueError(
                 f"sample_obs({batch_size}) returned shape {tuple(obs_t.shape)}, expected (N, {spec.obs_dim})"
             )
+        before = get_flat(actor) if start is not None else None
         loss = _actor_step(actor, critic, opt, obs_t)
         if step == 0:
             log.debug("train_actor: first loss %.4g", float(loss))
+        if start is not None:
+            step_change = action_change(actor, start, obs_t, spec.max_action)
+            if step_change > max_action_change:
+                set_flat(actor, before)  # out of the region: undo this step and stop
+                break
+            change = step_change
+        kept = step + 1
+    if info is not None:
+        info.update(steps=kept, action_change=change)
     flat = get_flat(actor)
     if not np.isfinite(flat).all():
         raise ValueError(f"train_actor produced non-finite parameters after {steps} steps")

@@ -128,10 +128,12 @@ class Sampler:
         return self.samples
 
 
-def run_scheduler(cluster, algo: str, run: str, steps: int, *extra: str, critic: bool = True) -> dict:
+def run_scheduler(cluster, algo: str, run: str, steps: int, *extra: str, critic: bool = True,
+                  config: str | None = None) -> dict:
     """Start `scheduler start` (and `critic start`) for one run, watch it, and collect what it left."""
     procs, client = cluster["procs"], cluster["client"]
-    procs.cli(f"{run}-scheduler", "scheduler", "start", "--redis-url", cluster["url"], "--config", cluster["config"],
+    procs.cli(f"{run}-scheduler", "scheduler", "start", "--redis-url", cluster["url"], "--config",
+              config or cluster["config"],
               "--algo", algo, "--run-id", run, "--steps", str(steps), *TINY, *extra)
     if critic:
         procs.cli(f"{run}-critic", "critic", "start", "--redis-url", cluster["url"], "--run", run)
@@ -210,6 +212,42 @@ def test_async_algorithms_keep_every_worker_busy_and_update_per_result(cluster, 
         assert all(changed), [h["version"] for h in history]  # the success rule rescales var every time
     else:
         assert sum(changed) >= 0.5 * len(changed), [h["version"] for h in history]
+
+
+@pytest.mark.slow
+def test_action_noise_and_rl_action_limit_end_to_end(cluster, tmp_path) -> None:
+    """action_noise: every ES job after the random phase reports the noise its f(z) and f(μ) ran under,
+    RL and random-action jobs none; the run's f(μ) (history, metrics.jsonl's mu_eval records) comes only
+    from noise-free estimates, and each noisy ES individual is compared with its own noisy μ episode."""
+    from cli.metrics import MetricsWriter
+
+    cfg_file = tmp_path / "noise.toml"
+    # and a trust region so tight that no RL job may keep a single check's worth of steps
+    cfg_file.write_text(CONFIG + "action_noise = 0.3\nrl_action_limit = 1e-9\n")
+    run = "alg-noise"
+    out = run_scheduler(cluster, "aesrl", run, 2400, "--initial-steps", "400", "--r", "200", config=str(cfg_file))
+    check_common(out, 2400)
+    res = [r["res"] for r in out["results"] if r["res"].ok]
+    noisy = {r.job for r in res if r.f_mu_noise}
+    assert noisy and all(r.kind == "es" and r.f_mu_noise == 0.3 for r in res if r.job in noisy)
+    assert any(r.kind == "rl" for r in res) and not any(r.f_mu_noise for r in res if r.kind == "rl")
+    # rl_action_limit: each RL individual is the sample it started from, and says so
+    for r in res:
+        if r.kind == "rl":
+            assert r.rl_trained == 0 and r.rl_steps > 0 and r.dist_after == pytest.approx(r.dist_before, rel=1e-6), r
+    clean_f_mu = {r.f_mu for r in res if r.job not in noisy}
+    history = out["history"]
+    for h in history:
+        if h["job"] in noisy:
+            assert h["f_ref"] == next(r.f_mu for r in res if r.job == h["job"]), h  # its own noisy μ
+        assert not np.isfinite(h["f_mu"]) or h["f_mu"] in clean_f_mu, h
+    writer = MetricsWriter(cluster["client"], run, tmp_path / "metrics.jsonl")
+    writer.poll()
+    writer.close()
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if r["type"] == "mu_eval"]
+    assert evals and not any(e["job"] in noisy for e in evals)
+    assert sum(r["type"] == "update" and r["job"] in noisy for r in recs) == len(noisy)
 
 
 @pytest.mark.slow

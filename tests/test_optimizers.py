@@ -226,6 +226,48 @@ def test_unpaired_aesrl_compares_with_the_newest_f_mu() -> None:
     assert up.history["f_ref"] == 7.0
 
 
+def test_a_noisy_es_result_is_compared_with_its_own_noisy_f_mu_and_never_shown_as_the_runs() -> None:
+    """action_noise: an ES individual and its paired μ episode ran under the same action noise. Its
+    f(μ) is its reference, and only noise-free (RL) estimates become the run's f(μ)."""
+    cfg = config("aesrl", initial_steps=0, action_noise=0.1, r=100.0)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    a, b = opt.ask(2, steps=0, inflight=0, critic_version=0, now=0.0)
+    clean = evaluated(opt, a, fitness=5.0, f_mu=40.0)
+    up = opt.tell(clean)
+    assert opt.fields()["f_mu"] == 40.0 and up.history["f_ref"] == 40.0
+    noisy = evaluated(opt, b, fitness=30.0, f_mu=20.0)
+    noisy.f_mu_noise = 0.1
+    assert noisy.f_mu_version >= 0  # as new as the shown estimate's version: without the noise it would replace it
+    up = opt.tell(noisy)
+    # compared with its own noisy μ (30 − 20 = +10 > 0: μ moves), not with the shown 40 (−10: it would not)
+    assert up.history["f_ref"] == 20.0 and up.history["delta"] == 10.0 and up.moved and up.history["p"] > 0.5
+    assert opt.fields()["f_mu"] == 40.0 and up.history["f_mu"] == 40.0
+
+
+def test_rl_action_limit_is_a_non_negative_fraction() -> None:
+    from aesrl_queue.config import ConfigError
+
+    assert RunConfig.from_preset("Hopper-v5").rl_action_limit == 0.0  # the paper: every rl_step is trained
+    RunConfig.from_preset("Hopper-v5", rl_action_limit=0.1).validate()
+    for bad in (-0.1, math.inf, False, "0.1"):
+        with pytest.raises(ConfigError, match="rl_action_limit"):
+            RunConfig.from_preset("Hopper-v5", rl_action_limit=bad).validate()
+
+
+def test_action_noise_is_for_aesrl_with_rl_jobs_and_paired_single_es_episodes() -> None:
+    from aesrl_queue.config import ConfigError
+
+    assert RunConfig.from_preset("Hopper-v5").action_noise == 0.0  # the paper: no action noise
+    RunConfig.from_preset("Hopper-v5", action_noise=0.1).validate()
+    for bad in (-0.1, 1.5, math.nan, True, "0.1"):
+        with pytest.raises(ConfigError, match="action_noise"):
+            RunConfig.from_preset("Hopper-v5", action_noise=bad).validate()
+    for kw in ({"algo": "es"}, {"algo": "opo"}, {"algo": "td3"}, {"rl_ratio": 0.0}, {"mean_eval_paired": False},
+               {"es_antithetic": True}):
+        with pytest.raises(ConfigError, match="action_noise"):
+            RunConfig.from_preset("Hopper-v5", action_noise=0.1, **kw).validate()
+
+
 def test_invalid_tell_changes_nothing() -> None:
     cfg = config("aesrl", initial_steps=0)
     opt = AesrlOptimizer(cfg, mu0(cfg))

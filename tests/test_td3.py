@@ -134,6 +134,45 @@ def test_train_actor_returns_new_vector():
         train_actor(flat, SPEC, critic, lambda n: np.zeros((n, 3), np.float32), steps=1)
 
 
+def test_train_actor_stops_at_its_trust_region_with_the_last_parameters_inside_it():
+    """max_action_change: training stops at the first step that moves the actions more than the limit
+    from the starting actor's, undoes it, and returns the parameters of the step before, which are inside."""
+    from aesrl_queue.td3 import action_change
+
+    critic = SPEC.make_critic().requires_grad_(False)
+    flat = SPEC.init_actor_params(seed=0)
+    obs = torch.from_numpy(np.random.default_rng(1).normal(size=(64, SPEC.obs_dim)).astype(np.float32))
+    free_info: dict = {}
+    free = train_actor(flat, SPEC, critic, lambda n: obs, steps=400, batch_size=64, lr=1e-3, info=free_info)
+    start = SPEC.make_actor()
+    set_flat(start, flat)
+
+    def moved(params):
+        actor = SPEC.make_actor()
+        set_flat(actor, params)
+        return action_change(actor, start, obs, SPEC.max_action)
+
+    limit = moved(free) / 2  # inside what 400 free steps reach
+    # a limit above what all 400 steps reach keeps every step, the last one measured too
+    full_info: dict = {}
+    train_actor(flat, SPEC, critic, lambda n: obs, steps=400, batch_size=64, lr=1e-3,
+                max_action_change=2 * moved(free), info=full_info)
+    assert full_info["steps"] == 400 and full_info["action_change"] == pytest.approx(moved(free), rel=1e-5)
+    info: dict = {}
+    held = train_actor(flat, SPEC, critic, lambda n: obs, steps=400, batch_size=64, lr=1e-3,
+                       max_action_change=limit, info=info)
+    assert free_info["steps"] == 400
+    assert 0 < info["steps"] < 400, info
+    assert moved(held) <= limit and moved(held) == pytest.approx(info["action_change"], rel=1e-5)
+    # one step more was outside: the limit, not the step count, ended training
+    again = train_actor(flat, SPEC, critic, lambda n: obs, steps=info["steps"] + 1, batch_size=64, lr=1e-3)
+    assert moved(again) > limit
+    np.testing.assert_allclose(held, train_actor(flat, SPEC, critic, lambda n: obs, steps=info["steps"],
+                                                 batch_size=64, lr=1e-3), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="max_action_change"):
+        train_actor(flat, SPEC, critic, lambda n: obs, steps=1, max_action_change=-1.0)
+
+
 def test_td3_agent_policy_delay():
     agent = TD3Agent(SPEC, policy_freq=2)
     batch = _batch()

@@ -267,8 +267,11 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         dists["dist_before"] = float(np.linalg.norm(z.astype(np.float64) - mu))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed % (2**31))
+            trained: dict = {}
             z = train_actor(z, ctx.torch_spec(), critic, lambda n: ctx.mirror.sample(n, generator=gen)["obs"],
-                            steps=max(1, rl_steps), batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device)
+                            steps=max(1, rl_steps), batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device,
+                            max_action_change=cfg.rl_action_limit, info=trained)
+        dists["rl_trained"] = int(trained["steps"])
         dists["dist_after"] = float(np.linalg.norm(np.asarray(z, dtype=np.float64) - mu))
         if not np.all(np.isfinite(z)):
             raise JobRejected("RL training produced non-finite parameters")
@@ -276,8 +279,13 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         train_time = time.monotonic() - t_train
 
     ctx.actor.set_params(z)
+    # action_noise: an ES individual explores with TD3's action noise; its paired f(μ) episode below
+    # meets the same draws (noise_seed), so the gap between them is the policies', not the noise's
+    noise_std = cfg.action_noise if kind == "es" and not random_actions else 0.0
+    noise_seed = seed % (2**63)
     ep = run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=seed % (2**31),
-                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs)
+                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs,
+                      action_noise=noise_std, noise_seed=noise_seed)
     fitness, length = float(ep.returns[0]), int(ep.lengths[0])
     transitions, mirror = ep.transitions, {}
     f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
@@ -301,12 +309,13 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
             ctx.actor.set_params(got[1])
             eval_seed = seed if cfg.mean_eval_paired else seed + 1
             ev = run_episodes(cfg.env_id, ctx.actor, k=cfg.mean_eval_episodes, seed=eval_seed % (2**31),
-                              store=False, env_kwargs=cfg.env_kwargs)
+                              store=False, env_kwargs=cfg.env_kwargs, action_noise=noise_std,
+                              noise_seed=noise_seed)
             f_mu = float(np.mean(ev.returns))
             eval_steps = int(sum(ev.lengths))
 
     fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
                   ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time,
-                  **dists, **mirror)
+                  **dists, **mirror, **({"f_mu_noise": noise_std} if noise_std else {}))
     store.finish_job(transitions, base["job"], fields, extra_interactions=eval_steps)
     return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}

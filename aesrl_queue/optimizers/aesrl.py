@@ -186,7 +186,8 @@ class AesrlOptimizer(OwnsDistribution):
         Invalid input raises ValueError and changes nothing."""
         cfg, dist = self.cfg, self.dist
         f_mu, f_mu_version = self.f_mu, self.f_mu_version
-        if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version:
+        # an f(μ) measured under action noise is this individual's reference only (paired below)
+        if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version and not ev.f_mu_noise:
             f_mu, f_mu_version = ev.f_mu, ev.f_mu_version
         # The f(μ) this individual is compared with: with paired evaluation, the job's own estimate
         # of the μ it was drawn from, on the same start state; else the newest estimate (the paper).
@@ -247,7 +248,7 @@ class AesrlOptimizer(OwnsDistribution):
                  "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps,
                  # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
                  "f_ref": f_ref, "delta": ev.fitness - f_ref, "r": r_used, "told": told,
-                 "dist_before": ev.dist_before, "dist_after": ev.dist_after,
+                 "dist_before": ev.dist_before, "dist_after": ev.dist_after, "rl_trained": ev.rl_trained,
                  # how many updates were told while this individual ran (drawn from an older μ)
                  "lag": version_before - ev.version}
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it

@@ -59,12 +59,16 @@ class Evaluated:
     rl_steps: int = 0
     dist_before: float = math.nan
     dist_after: float = math.nan
+    rl_trained: int = 0  # actor steps an RL job trained (rl_action_limit may stop it before rl_steps)
     enqueued_at: float = 0.0
     ind: str = ""  # RL: the key of the stored trained individual (opaque here; the loop reads it back)
     # an antithetic ES job (es_antithetic): μ − σ·ε, its return and episode length; f_mu is the pair's mean
     mirror_z: np.ndarray | None = None
     mirror_fitness: float = math.nan
     mirror_length: int = 0
+    # action_noise: f_z and f_mu were both measured under action noise of this std (0: none); f_mu is
+    # then this individual's reference only, not an estimate of the run's f(μ)
+    f_mu_noise: float = 0.0
 
 
 @dataclass
