@@ -37,6 +37,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import json
 import math
@@ -69,36 +70,55 @@ RUN_ARGS = {
 }
 # Variants of the default AES-RL, run only when named (--cells or --algos): each changes one thing, so a
 # row next to `aesrl` on the same seed shows what that one thing does (docs/performance.md §3).
-# name -> (`aesrl-queue run` options, RunConfig fields given through --config)
+# name -> (`aesrl-queue run` options, RunConfig fields given through --config). The AES-RL variants
+# measured before r_kinds = "es" became aesrl's default keep r_kinds = "all" (R_ALL), so that a rerun
+# of one of their cells runs what its row records.
+R_ALL = {"r_kinds": "all"}
 VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
-    "aesrl-fixed-linear": (["--algo", "aesrl", "--mean-rule", "fixed-linear"], {}),
-    "aesrl-rl80": (["--algo", "aesrl", "--rl-ratio", "0.8"], {}),
-    "aesrl-mean5": (["--algo", "aesrl"], {"mean_eval_episodes": 5, "mean_eval_paired": False}),
-    "aesrl-rl-no-var": (["--algo", "aesrl"], {"rl_var_update": False}),
+    "aesrl-fixed-linear": (["--algo", "aesrl", "--mean-rule", "fixed-linear"], R_ALL),
+    "aesrl-rl80": (["--algo", "aesrl", "--rl-ratio", "0.8"], R_ALL),
+    "aesrl-mean5": (["--algo", "aesrl"], {**R_ALL, "mean_eval_episodes": 5, "mean_eval_paired": False}),
+    "aesrl-rl-no-var": (["--algo", "aesrl"], {**R_ALL, "rl_var_update": False}),
     # RL jobs train the paper's sum of the last 10 episode lengths (10 000 here) instead of the default
     # 2 000: five actor steps per stored step overall, where the default makes one and TD3 0.5
-    "aesrl-rl10k": (["--algo", "aesrl"], {"rl_steps_max": 10_000}),
+    "aesrl-rl10k": (["--algo", "aesrl"], {**R_ALL, "rl_steps_max": 10_000}),
     # the paper's (1+1)-ES with RL individuals: μ jumps to a better individual (p is 0 or 1), and the
     # variance follows the success rule, so an RL individual's distance from μ never widens it
     "opo": (["--algo", "opo"], {}),
-    "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"], {"rl_var_update": False}),
+    "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
+                                     {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
-    "aesrl-no-lag": (["--algo", "aesrl"], {"critic_lag": 0}),
+    "aesrl-no-lag": (["--algo", "aesrl"], {**R_ALL, "critic_lag": 0}),
     # a variance floor of 1e-4 (σ 0.01) instead of the paper's 1e-5 (σ 0.003): on Hopper's stand-still
     # plateau ES individuals at the floor store near-identical episodes, and RL individuals trained on
     # that narrow data fall within tens of steps
-    "aesrl-floor1e-4": (["--algo", "aesrl"], {"var_floor": 1e-4}),
+    "aesrl-floor1e-4": (["--algo", "aesrl"], {**R_ALL, "var_floor": 1e-4}),
     # σ never below var_init's 0.03 (CEM-RL's initial spread): on Hopper the ES individuals at the
     # paper's floor (σ 0.003) return within a few points of μ and store near-identical episodes, so the
     # critic sees no spread of actions around μ's and every RL individual trained on it falls
     # (Hopper seed 3: median gap -700, none above μ after 15k steps)
-    "aesrl-floor1e-3": (["--algo", "aesrl"], {"var_floor": 1e-3}),
-    # the adaptive r from ES gaps only: on Hopper's plateau RL gaps near −800 beside ES gaps near 0 made
-    # r grow to 300–430, and RL individuals a few hundred below μ then moved it (seed 3: μ 1074 → 254)
-    "aesrl-r-es": (["--algo", "aesrl"], {"r_kinds": "es"}),
+    "aesrl-floor1e-3": (["--algo", "aesrl"], {**R_ALL, "var_floor": 1e-3}),
+    # the adaptive r from every told gap, RL individuals' included: aesrl's default until the sixth
+    # sitting. On Hopper's plateau RL gaps near −800 beside ES gaps near 0 made r grow to 300–430, and
+    # RL individuals a few hundred below μ then moved it (aesrl-floor1e-3 seed 3: μ 1074 → 254)
+    "aesrl-r-all": (["--algo", "aesrl"], R_ALL),
     # ES jobs as antithetic pairs (es_antithetic): no μ episode for them, about 1.5 interactions per
     # stored step instead of 2
-    "aesrl-antithetic": (["--algo", "aesrl"], {"es_antithetic": True}),
+    "aesrl-antithetic": (["--algo", "aesrl"], {**R_ALL, "es_antithetic": True}),
+    # TD3's exploration noise (0.1 of the action bound) on every ES individual's stored episode and on
+    # its paired f(μ) episode (same draws); RL jobs, and the reported f(μ), stay noise-free. On Hopper's
+    # stand-still plateau the replay otherwise holds the deterministic actions of near-identical
+    # policies, and bench/rl_probe.py found the critic rating every trained actor above μ while each
+    # one fell
+    "aesrl-action-noise": (["--algo", "aesrl"], {"action_noise": 0.1}),
+    # twice that noise: on Hopper the one seed of three that never stood still (0.1, seed 3: episodes
+    # of 150-400 steps to 70k, single μ episodes up to 3350 at the end) took CEM-RL's path off the plateau
+    "aesrl-action-noise2": (["--algo", "aesrl"], {"action_noise": 0.2}),
+    # and a trust region for RL jobs: training stops once the actions moved 0.3 of the bound (RMS) from
+    # the sampled individual's, at actor lr 1e-4 (about 12 steps against a Hopper critic). Without it
+    # an RL job on Hopper's plateau saturates its actions (one fresh-Adam step at lr 1e-3 moves them
+    # 0.32 of the bound, 500 steps 0.8), ends ~15 from μ in parameter norm and falls
+    "aesrl-noise-tr": (["--algo", "aesrl"], {"action_noise": 0.1, "rl_action_limit": 0.3, "actor_lr": 1e-4}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),
@@ -215,11 +235,15 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def append_row(path: Path, row: dict[str, Any]) -> None:
-    """Append one row; written to a temporary file and renamed, so an interrupted write loses nothing."""
-    rows = load_rows(path) + [row]
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"rows": rows}, indent=1, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    """Append one row; written to a temporary file and renamed, so an interrupted write loses nothing.
+    Under an exclusive lock, so that two sittings run side by side (say SB3 cells beside queue cells)
+    cannot drop each other's rows by reading before the other's write."""
+    with open(path.with_suffix(".json.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = load_rows(path) + [row]
+        tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"rows": rows}, indent=1, default=_json_default) + "\n")
+        os.replace(tmp, path)
 
 
 def row_key(env: str, algo: str, seed: int, budget: int) -> tuple[str, str, int, int]:
@@ -508,11 +532,15 @@ def targets(rows: list[dict[str, Any]]) -> str:
             ok = all(_mean(a, k) >= _mean(pa, k) for k in ("q25", "q50", "final"))
             lines.append(f"{env}: aesrl >= aesrl-paper at 25/50/100 % ({'; '.join(parts)}): "
                          f"{'met' if ok else 'missed'}")
-        t, sb = rs("td3"), rs("sb3-td3")
+        # the issue asks for the same budget and seeds: compare on the seeds both have run
+        both = sorted({r["seed"] for r in rs("td3")} & {r["seed"] for r in rs("sb3-td3")})
+        t = [r for r in rs("td3") if r["seed"] in both]
+        sb = [r for r in rs("sb3-td3") if r["seed"] in both]
         if t and sb:
             ft, fs = _mean(t, "final"), _mean(sb, "final")
             ok = ft >= fs or ft >= fs - 0.15 * abs(fs)
-            lines.append(f"{env}: td3 {ft:.0f} vs sb3-td3 {fs:.0f} (within 15 % or ahead): {'met' if ok else 'missed'}")
+            lines.append(f"{env}: td3 {ft:.0f} vs sb3-td3 {fs:.0f} on seeds {', '.join(map(str, both))} "
+                         f"(within 15 % or ahead): {'met' if ok else 'missed'}")
         for algo in ("aesrl",):
             for r in rs(algo):
                 random_steps = int(r.get("settings", {}).get("random_steps", 0) or 0)

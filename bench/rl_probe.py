@@ -7,7 +7,13 @@ prints for each: the distance it moved from μ, the critic's mean Q(s, actor(s))
 its mean return over fixed start states. The reference row is μ itself. A critic that rates the
 trained actors above μ while their returns fall below it is a critic that RL jobs cannot climb.
 
+With --action-change it prints instead how far an RL job's actions move from the sampled
+individual's: for each actor learning rate and number of fresh-Adam steps, the root mean square
+change of the actions on replay states (a fraction of the action bound, what `rl_action_limit`
+bounds), the distance moved in parameters, and the critic's Q gain.
+
 Usage: python bench/rl_probe.py RUN_FOLDER [--run-id ID] [--settings 2000:1e-3,500:1e-3] [--samples 2]
+       python bench/rl_probe.py RUN_FOLDER --action-change [--lrs 1e-3,1e-4] [--steps 1,5,25]
 (RUN_FOLDER: e.g. bench/results/learning/Hopper-v5/aesrl-s2; the run id defaults to its name)
 """
 
@@ -33,7 +39,7 @@ from aesrl_queue.nets import NetSpec, set_flat  # noqa: E402
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
 from aesrl_queue.rollout import run_episodes  # noqa: E402
 from aesrl_queue.store import Store  # noqa: E402
-from aesrl_queue.td3 import train_actor  # noqa: E402
+from aesrl_queue.td3 import action_change, train_actor  # noqa: E402
 
 EVAL_STARTS = [10**6 + i for i in range(5)]
 
@@ -70,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", default="2000:1e-3,2000:3e-4,500:1e-3,200:1e-3",
                     help="actor steps:learning rate pairs to train with")
     ap.add_argument("--samples", type=int, default=2, help="individuals drawn per setting")
+    ap.add_argument("--action-change", action="store_true",
+                    help="print how far fresh-Adam steps move an individual's actions (see --lrs, --steps)")
+    ap.add_argument("--lrs", default="1e-3,3e-4,1e-4,3e-5", help="--action-change: actor learning rates")
+    ap.add_argument("--steps", default="1,5,25,100,500", help="--action-change: numbers of actor steps")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     run = args.run_id or args.folder.name
@@ -84,10 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     probe_obs = torch.from_numpy(obs[rng.integers(len(obs), size=4000)])
 
     def q(params: np.ndarray) -> float:
-        a = tspec.make_actor()
-        set_flat(a, params)
         with torch.no_grad():
-            return float(critic.q1(probe_obs, a(probe_obs)).mean())
+            return float(critic.q1(probe_obs, torch_actor(tspec, params)(probe_obs)).mean())
 
     def returns(params: np.ndarray) -> tuple[float, float]:
         actor.set_params(params)
@@ -96,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{cfg.env_id}, run {run}: μ version {version}, critic version {critic_version}, replay {len(obs):,} states, "
           f"σ mean {float(np.sqrt(var).mean()):.4f}; return: mean over {len(EVAL_STARTS)} fixed start states")
+    if args.action_change:
+        return print_action_change(tspec, critic, mu, var, obs, probe_obs,
+                                   [float(x) for x in args.lrs.split(",")], [int(x) for x in args.steps.split(",")])
     ret_mu, len_mu = returns(mu)
     q_mu = q(mu)
     print(f"{'individual':>25} | {'‖z − μ‖':>8} | {'Q(s, a)':>8} | {'Q − Q(μ)':>8} | {'return':>7} | "
@@ -117,6 +128,40 @@ def main(argv: list[str] | None = None) -> int:
             qz, (ret, length) = q(zt), returns(zt)
             print(f"{f'RL {steps} steps, lr {lr:g}':>25} | {np.linalg.norm(zt - mu):>8.1f} | {qz:>8.2f} | "
                   f"{qz - q_mu:>8.2f} | {ret:>7.0f} | {ret - ret_mu:>7.0f} | {length:>6.0f} | {secs:>7.1f}", flush=True)
+    return 0
+
+
+def torch_actor(tspec: NetSpec, params: np.ndarray) -> torch.nn.Module:
+    """A torch actor holding the flat parameter vector params."""
+    actor = tspec.make_actor()
+    set_flat(actor, params)
+    return actor
+
+
+def print_action_change(tspec: NetSpec, critic, mu: np.ndarray, var: np.ndarray, obs: np.ndarray,
+                        probe_obs: torch.Tensor, lrs: list[float], step_counts: list[int]) -> int:
+    """The RMS action change (fraction of the bound), ‖Δz‖ and Q gain of one individual after n
+    fresh-Adam steps, for each learning rate: how far an RL job moves before any trust region."""
+    z = noise.sample(mu, var, 1000)
+    start, mean = torch_actor(tspec, z), torch_actor(tspec, mu)
+    with torch.no_grad():
+        q0 = float(critic.q1(probe_obs, start(probe_obs)).mean())
+    print(f"a sample of N(μ, var) differs from μ by {action_change(start, mean, probe_obs, tspec.max_action):.3f} "
+          "of the action bound (RMS)")
+    print("cells: RMS action change from the sample / ‖Δz‖ / critic's Q gain")
+    print(f"{'actor lr':>9} | " + " | ".join(f"{n:>5} steps{'':>9}" for n in step_counts))
+    for lr in lrs:
+        cells = []
+        for n in step_counts:
+            gen = torch.Generator().manual_seed(1)
+            zt = train_actor(z, tspec, critic, lambda k, g=gen: obs[torch.randint(len(obs), (k,), generator=g).numpy()],
+                             steps=n, batch_size=256, lr=lr)
+            a = torch_actor(tspec, zt)
+            with torch.no_grad():
+                dq = float(critic.q1(probe_obs, a(probe_obs)).mean()) - q0
+            cells.append(f"{action_change(a, start, probe_obs, tspec.max_action):.2f} / "
+                         f"{np.linalg.norm(zt - z):5.2f} / {dq:+5.2f}")
+        print(f"{lr:>9g} | " + " | ".join(f"{c:>20}" for c in cells), flush=True)
     return 0
 
 

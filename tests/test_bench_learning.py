@@ -145,6 +145,14 @@ def test_learning_quick_rows_in_a_temporary_folder():
         rows = [line.split("|") for line in probe.stdout.splitlines() if line.count("|") == 7]
         assert [r[0].strip() for r in rows] == ["individual", "μ (reference)", "RL 20 steps, lr 0.001"], probe.stdout
         assert float(rows[2][1]) > 0 and all(math.isfinite(float(v)) for v in rows[2][1:7]), rows[2]
+        # --action-change: how far fresh-Adam steps move the actions; more steps move them further
+        probe = subprocess.run([sys.executable, "bench/rl_probe.py", str(out_dir / "learning" / "Pendulum-v1" / "aesrl-s1"),
+                                "--action-change", "--lrs", "1e-3", "--steps", "1,50"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+        [row] = [line.split("|") for line in probe.stdout.splitlines() if line.strip().startswith("0.001 |")]
+        (one, _, _), (fifty, _, _) = ([float(v) for v in cell.split("/")] for cell in row[1:])
+        assert 0 < one < fifty <= 1.0, probe.stdout
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     # Nothing committed changed, and no quick row reached the committed learning.json.
