@@ -124,6 +124,12 @@ class RunConfig:
     # replay holds only the deterministic actions of individuals a few thousandths apart, and the
     # critic cannot tell which way a better action lies (Hopper's plateau, docs/performance.md §3).
     action_noise: float = 0.0
+    # aesrl: an RL individual moves μ all the way to itself when it beats the f(μ) it is compared with,
+    # and not at all otherwise (the (1+1) rule, for RL individuals only; ES individuals keep mean_rule),
+    # and leaves the variance as it is. A trained RL individual lies 10-15 from μ in parameter norm, and
+    # the points between two such policies can be worse than both: HalfCheetah seed 3, an RL individual
+    # 16 above μ (-158) told with p 0.53 left μ at -204. False is the paper's rule (one rule for all).
+    rl_jump: bool = False
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -236,6 +242,8 @@ class RunConfig:
              and math.isfinite(self.rl_action_limit) and self.rl_action_limit >= 0, "rl_action_limit",
              f"must be a number >= 0 (a fraction of the action bound; 0 = no limit), got {self.rl_action_limit!r}")
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
+        need(isinstance(self.rl_jump, bool), "rl_jump", "must be true or false")
+        need(not self.rl_jump or self.algo == "aesrl", "rl_jump", f"applies to --algo aesrl, not {self.algo!r}")
         need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
         need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")

@@ -122,6 +122,10 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # an RL job on Hopper's plateau saturates its actions (one fresh-Adam step at lr 1e-3 moves them
     # 0.32 of the bound, 500 steps 0.8), ends ~15 from μ in parameter norm and falls
     "aesrl-noise-tr": (["--algo", "aesrl"], {"action_noise": 0.1, "rl_action_limit": 0.3, "actor_lr": 1e-4}),
+    # RL individuals told with the (1+1) rule: μ jumps to one that beat its f(μ) and ignores a worse one,
+    # and the variance stays. HalfCheetah seed 3 (30k-step probe): an RL individual 16 above μ (-158)
+    # told with p 0.53 left μ at -204, worse than both, and one 67 below μ still got p 0.24
+    "aesrl-rl-jump": (["--algo", "aesrl"], {"rl_jump": True}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),

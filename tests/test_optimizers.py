@@ -244,6 +244,44 @@ def test_a_noisy_es_result_is_compared_with_its_own_noisy_f_mu_and_never_shown_a
     assert opt.fields()["f_mu"] == 40.0 and up.history["f_mu"] == 40.0
 
 
+def test_rl_jump_moves_mu_to_a_better_rl_individual_and_never_towards_a_worse_one() -> None:
+    """rl_jump: an RL individual is told with the (1+1) rule (μ becomes z if it beat its f(μ), else stays),
+    before the adaptive scale is ready too, and leaves the variance alone; ES individuals keep the
+    baseline-relative rule."""
+    from aesrl_queue.config import ConfigError
+
+    cfg = config("aesrl", initial_steps=0, rl_jump=True)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(8, steps=0, inflight=0, critic_version=0, now=0.0)
+    far = opt.mean + 0.7  # a trained RL individual, far from μ
+
+    def rl(spec, fitness, z):
+        ev = evaluated(opt, spec, fitness=fitness, f_mu=100.0, z=z.astype(np.float32))
+        ev.kind = "rl"
+        return ev
+
+    mu, var = opt.mean.copy(), opt.var.copy()
+    up = opt.tell(rl(specs[0], 99.0, far))  # worse by 1: p 0 (the scale has no gap yet)
+    assert not up.moved and up.history["p"] == 0.0
+    np.testing.assert_array_equal(opt.mean, mu)
+    up = opt.tell(rl(specs[1], 101.0, far))  # better by 1, scale not ready: μ becomes z, var stays
+    assert up.moved and up.history["p"] == 1.0
+    np.testing.assert_array_equal(opt.mean, far.astype(np.float32))
+    np.testing.assert_array_equal(opt.var, var)
+    for s, gap in zip(specs[2:7], (-20.0, 30.0, -40.0, 50.0, 10.0), strict=True):  # ES gaps set r (~44)
+        opt.tell(evaluated(opt, s, fitness=100.0 + gap, f_mu=100.0))
+    assert opt.dist.scale.ready and opt.dist.r > 20
+    mu = opt.mean.copy()
+    up = opt.tell(rl(specs[7], 90.0, mu + 0.5))  # 10 below μ, well within r: the paper's rule gives p ≈ 0.4
+    assert not up.moved and up.history["p"] == 0.0
+    np.testing.assert_array_equal(opt.mean, mu)
+    assert config("aesrl").rl_jump is False  # the paper: one rule for every individual
+    with pytest.raises(ConfigError, match="rl_jump"):
+        RunConfig.from_preset("Hopper-v5", algo="cemrl", rl_jump=True).validate()
+    with pytest.raises(ConfigError, match="rl_jump"):
+        RunConfig.from_preset("Hopper-v5", rl_jump=1).validate()
+
+
 def test_rl_action_limit_is_a_non_negative_fraction() -> None:
     from aesrl_queue.config import ConfigError
 

@@ -221,8 +221,10 @@ class AesrlOptimizer(OwnsDistribution):
             for f_i, z_i in tellees:
                 p_loser = p
                 if hasattr(dist, "tell_step"):
-                    p, step_i = dist.tell_step(z_i, f_i, f_ref, var_step=cfg.rl_var_update or ev.kind != "rl",
-                                               scale_step=cfg.r_kinds == "all" or ev.kind != "rl")
+                    jump = cfg.rl_jump and ev.kind == "rl"  # a jump says nothing of the spread of samples
+                    p, step_i = dist.tell_step(z_i, f_i, f_ref,
+                                               var_step=(cfg.rl_var_update or ev.kind != "rl") and not jump,
+                                               scale_step=cfg.r_kinds == "all" or ev.kind != "rl", jump=jump)
                     step = step_i if step_i is not None else step
                 else:
                     p = dist.tell(z_i, f_i, f_ref)
