@@ -12,8 +12,14 @@ individual's: for each actor learning rate and number of fresh-Adam steps, the r
 change of the actions on replay states (a fraction of the action bound, what `rl_action_limit`
 bounds), the distance moved in parameters, and the critic's Q gain.
 
+With --interpolate it trains --samples individuals as the run's RL jobs do (its rl_steps_max and
+actor_lr) and prints the return of the policies between μ and each, μ + t·(z − μ) for t in --ts: the
+mean rules move μ to such a point with t = p, and two policies 10-20 apart in parameters need not
+have good policies between them (what `rl_jump` avoids).
+
 Usage: python bench/rl_probe.py RUN_FOLDER [--run-id ID] [--settings 2000:1e-3,500:1e-3] [--samples 2]
        python bench/rl_probe.py RUN_FOLDER --action-change [--lrs 1e-3,1e-4] [--steps 1,5,25]
+       python bench/rl_probe.py RUN_FOLDER --interpolate [--samples 3] [--ts 0,0.25,0.5,0.75,1]
 (RUN_FOLDER: e.g. bench/results/learning/Hopper-v5/aesrl-s2; the run id defaults to its name)
 """
 
@@ -80,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="print how far fresh-Adam steps move an individual's actions (see --lrs, --steps)")
     ap.add_argument("--lrs", default="1e-3,3e-4,1e-4,3e-5", help="--action-change: actor learning rates")
     ap.add_argument("--steps", default="1,5,25,100,500", help="--action-change: numbers of actor steps")
+    ap.add_argument("--interpolate", action="store_true",
+                    help="print the returns of μ + t·(z − μ) for RL-trained individuals z (see --ts)")
+    ap.add_argument("--ts", default="0,0.25,0.5,0.75,1", help="--interpolate: the points t between μ and z")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     run = args.run_id or args.folder.name
@@ -107,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.action_change:
         return print_action_change(tspec, critic, mu, var, obs, probe_obs,
                                    [float(x) for x in args.lrs.split(",")], [int(x) for x in args.steps.split(",")])
+    if args.interpolate:
+        return print_interpolation(cfg, tspec, critic, mu, var, obs, returns, args.samples,
+                                   [float(t) for t in args.ts.split(",")])
     ret_mu, len_mu = returns(mu)
     q_mu = q(mu)
     print(f"{'individual':>25} | {'‖z − μ‖':>8} | {'Q(s, a)':>8} | {'Q − Q(μ)':>8} | {'return':>7} | "
@@ -162,6 +174,29 @@ def print_action_change(tspec: NetSpec, critic, mu: np.ndarray, var: np.ndarray,
             cells.append(f"{action_change(a, start, probe_obs, tspec.max_action):.2f} / "
                          f"{np.linalg.norm(zt - z):5.2f} / {dq:+5.2f}")
         print(f"{lr:>9g} | " + " | ".join(f"{c:>20}" for c in cells), flush=True)
+    return 0
+
+
+def print_interpolation(cfg, tspec: NetSpec, critic, mu: np.ndarray, var: np.ndarray, obs: np.ndarray, returns,
+                        samples: int, ts: list[float]) -> int:
+    """The return of μ + t·(z − μ) for individuals z trained as the run's RL jobs are (rl_steps_max
+    actor steps at actor_lr, fresh Adam, against the frozen critic): where a mean rule with p = t would
+    put μ."""
+    print(f"RL individuals: {cfg.rl_steps_max} actor steps at lr {cfg.actor_lr:g}; cells: return of μ + t·(z − μ)")
+    print(f"{'individual':>10} | {'‖z − μ‖':>7} | " + " | ".join(f"{f't = {t:g}':>8}" for t in ts))
+    for i in range(samples):
+        seed = 2000 + i
+        z = noise.sample(mu, var, seed)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            zt = train_actor(z, tspec, critic, lambda n, g=gen: obs[torch.randint(len(obs), (n,), generator=g).numpy()],
+                             steps=cfg.rl_steps_max, batch_size=cfg.batch_size, lr=cfg.actor_lr)
+        cells = []
+        for t in ts:
+            point = (mu.astype(np.float64) + t * (zt.astype(np.float64) - mu)).astype(np.float32)
+            cells.append(f"{returns(point)[0]:>8.0f}")
+        print(f"{f'RL {i + 1}':>10} | {np.linalg.norm(zt - mu):>7.1f} | " + " | ".join(cells), flush=True)
     return 0
 
 

@@ -153,6 +153,15 @@ def test_learning_quick_rows_in_a_temporary_folder():
         [row] = [line.split("|") for line in probe.stdout.splitlines() if line.strip().startswith("0.001 |")]
         (one, _, _), (fifty, _, _) = ([float(v) for v in cell.split("/")] for cell in row[1:])
         assert 0 < one < fifty <= 1.0, probe.stdout
+        # --interpolate: t = 0 is μ itself (the reference row's return above), t = 1 the trained individual
+        ret_mu = float(rows[1][4])
+        probe = subprocess.run([sys.executable, "bench/rl_probe.py", str(out_dir / "learning" / "Pendulum-v1" / "aesrl-s1"),
+                                "--interpolate", "--samples", "1", "--ts", "0,1"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+        [row] = [line.split("|") for line in probe.stdout.splitlines() if line.strip().startswith("RL 1 |")]
+        dist, at0, at1 = (float(v) for v in row[1:])
+        assert dist > 0 and round(ret_mu) == at0 and math.isfinite(at1), probe.stdout
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     # Nothing committed changed, and no quick row reached the committed learning.json.
