@@ -126,6 +126,10 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # and the variance stays. HalfCheetah seed 3 (30k-step probe): an RL individual 16 above μ (-158)
     # told with p 0.53 left μ at -204, worse than both, and one 67 below μ still got p 0.24
     "aesrl-rl-jump": (["--algo", "aesrl"], {"rl_jump": True}),
+    # σ 0.01 at the start instead of the paper's 0.032 (var_init 1e-3): on HalfCheetah ES individuals at
+    # 0.032 lie 8.5 from μ and scored 175-250 below it in six of eight jobs of seed 3's first quarter;
+    # with p = 0 the variance is never updated, so ES jobs kept sampling there until μ first moved at 22k
+    "aesrl-var1e-4": (["--algo", "aesrl"], {"var_init": 1e-4}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),
