@@ -305,24 +305,38 @@ def write_run_folder(run_dir: Path, store: Store) -> dict:
 
 
 _received: list[str] = []  # signals seen by the handler: the loop checks it too, in case one was lost
+_deferring = False  # poll_metrics is running: the handlers note a signal, and it is raised right after
 
 
 def _raise_terminated(signum, frame):
     _received.append(signal.Signals(signum).name)
-    raise Terminated(_received[-1])
-
-
-_DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    if not _deferring:
+        raise Terminated(_received[-1])
 
 
 def poll_metrics(metrics: MetricsWriter) -> None:
-    """One metrics pass with Ctrl-C/SIGTERM held back (delivered right after), so that a signal
-    never leaves a record half-processed: written twice or not at all."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    """One metrics pass with Ctrl-C/SIGTERM/SIGHUP held back (raised right after), so that a signal
+    never leaves a record half-processed: written twice or not at all.
+
+    Held back by the handlers, not by the thread's signal mask: a process-directed signal that the
+    main thread blocks is delivered to another thread (numpy's BLAS threads), and Python still runs
+    its handler in the main thread, in the middle of the pass (a record written twice on SIGTERM)."""
+    global _deferring
+    interrupted: list[int] = []
+    previous_int = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    _deferring = True
     try:
         metrics.poll()
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
+        _deferring = False
+        signal.signal(signal.SIGINT, previous_int)
+    if interrupted and previous_int != signal.SIG_IGN:
+        if callable(previous_int):
+            previous_int(signal.SIGINT, None)  # the launcher's handler: KeyboardInterrupt by default
+        else:
+            raise KeyboardInterrupt
+    if _received:
+        raise Terminated(_received[0])
 
 
 def _step(what: str, fn, *args, **kwargs):
