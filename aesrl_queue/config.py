@@ -211,13 +211,15 @@ class RunConfig:
             if not cond:
                 raise ConfigError(name, msg)
 
+        def real(val: Any) -> bool:  # a finite int or float, not a bool
+            return isinstance(val, int | float) and not isinstance(val, bool) and math.isfinite(val)
+
         need(isinstance(self.env_id, str) and bool(self.env_id), "env_id", "must name a gymnasium environment")
         need(self.algo in ALGOS, "algo", f"{self.algo!r} is not one of {', '.join(ALGOS)}")
         need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
         need(self.var_rule in VAR_RULES, "var_rule", f"{self.var_rule!r} is not one of {', '.join(VAR_RULES)}")
         if self.r not in R_MODES:
-            need(isinstance(self.r, int | float) and not isinstance(self.r, bool) and math.isfinite(self.r)
-                 and self.r > 0, "r", f"must be a positive number or one of {', '.join(R_MODES)}, got {self.r!r}")
+            need(real(self.r) and self.r > 0, "r", f"must be a positive number or one of {', '.join(R_MODES)}, got {self.r!r}")
         need(isinstance(self.mean_eval_paired, bool), "mean_eval_paired", "must be true or false")
         need(isinstance(self.es_antithetic, bool), "es_antithetic", "must be true or false")
         # opo's success rule would count every pair as one success in two (its variance would only
@@ -227,8 +229,7 @@ class RunConfig:
         need(isinstance(self.pair_shift, bool), "pair_shift", "must be true or false")
         need(not self.pair_shift or self.algo in ("aesrl", "es"), "pair_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
-        need(isinstance(self.action_noise, int | float) and not isinstance(self.action_noise, bool)
-             and math.isfinite(self.action_noise) and 0 <= self.action_noise <= 1, "action_noise",
+        need(real(self.action_noise) and 0 <= self.action_noise <= 1, "action_noise",
              f"must be a number from 0 to 1 (a fraction of the action bound), got {self.action_noise!r}")
         # the run's f(μ) then comes from RL jobs alone, and an ES individual needs its own paired,
         # equally noisy f(μ) episode to be compared with
@@ -238,8 +239,7 @@ class RunConfig:
         need(not self.action_noise or (self.mean_eval_paired and not self.es_antithetic), "action_noise",
              "needs mean_eval_paired = true and es_antithetic = false (a noisy ES individual is compared "
              "with μ under the same noise, from its own paired episode)")
-        need(isinstance(self.rl_action_limit, int | float) and not isinstance(self.rl_action_limit, bool)
-             and math.isfinite(self.rl_action_limit) and self.rl_action_limit >= 0, "rl_action_limit",
+        need(real(self.rl_action_limit) and self.rl_action_limit >= 0, "rl_action_limit",
              f"must be a number >= 0 (a fraction of the action bound; 0 = no limit), got {self.rl_action_limit!r}")
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
         need(isinstance(self.rl_jump, bool), "rl_jump", "must be true or false")

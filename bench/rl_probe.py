@@ -129,18 +129,24 @@ def main(argv: list[str] | None = None) -> int:
         steps, lr = int(item.split(":")[0]), float(item.split(":")[1])
         for i in range(args.samples):
             seed = 1000 + i
-            z = noise.sample(mu, var, seed)
-            gen = torch.Generator().manual_seed(seed)
             t0 = time.monotonic()
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                zt = train_actor(z, tspec, critic, lambda n, g=gen: obs[torch.randint(len(obs), (n,), generator=g).numpy()],
-                                 steps=steps, batch_size=cfg.batch_size, lr=lr)
+            zt = train_like_rl_job(tspec, critic, obs, noise.sample(mu, var, seed), seed, steps, lr, cfg.batch_size)
             secs = time.monotonic() - t0
             qz, (ret, length) = q(zt), returns(zt)
             print(f"{f'RL {steps} steps, lr {lr:g}':>25} | {np.linalg.norm(zt - mu):>8.1f} | {qz:>8.2f} | "
                   f"{qz - q_mu:>8.2f} | {ret:>7.0f} | {ret - ret_mu:>7.0f} | {length:>6.0f} | {secs:>7.1f}", flush=True)
     return 0
+
+
+def train_like_rl_job(tspec: NetSpec, critic, obs: np.ndarray, z: np.ndarray, seed: int, steps: int, lr: float,
+                      batch_size: int) -> np.ndarray:
+    """z trained as an RL job trains it: `steps` fresh-Adam steps at `lr` against the frozen critic,
+    on batches of replay states drawn from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return train_actor(z, tspec, critic, lambda n: obs[torch.randint(len(obs), (n,), generator=gen).numpy()],
+                           steps=steps, batch_size=batch_size, lr=lr)
 
 
 def torch_actor(tspec: NetSpec, params: np.ndarray) -> torch.nn.Module:
@@ -165,9 +171,7 @@ def print_action_change(tspec: NetSpec, critic, mu: np.ndarray, var: np.ndarray,
     for lr in lrs:
         cells = []
         for n in step_counts:
-            gen = torch.Generator().manual_seed(1)
-            zt = train_actor(z, tspec, critic, lambda k, g=gen: obs[torch.randint(len(obs), (k,), generator=g).numpy()],
-                             steps=n, batch_size=256, lr=lr)
+            zt = train_like_rl_job(tspec, critic, obs, z, 1, n, lr, batch_size=256)
             a = torch_actor(tspec, zt)
             with torch.no_grad():
                 dq = float(critic.q1(probe_obs, a(probe_obs)).mean()) - q0
@@ -186,12 +190,8 @@ def print_interpolation(cfg, tspec: NetSpec, critic, mu: np.ndarray, var: np.nda
     print(f"{'individual':>10} | {'‖z − μ‖':>7} | " + " | ".join(f"{f't = {t:g}':>8}" for t in ts))
     for i in range(samples):
         seed = 2000 + i
-        z = noise.sample(mu, var, seed)
-        gen = torch.Generator().manual_seed(seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            zt = train_actor(z, tspec, critic, lambda n, g=gen: obs[torch.randint(len(obs), (n,), generator=g).numpy()],
-                             steps=cfg.rl_steps_max, batch_size=cfg.batch_size, lr=cfg.actor_lr)
+        zt = train_like_rl_job(tspec, critic, obs, noise.sample(mu, var, seed), seed, cfg.rl_steps_max, cfg.actor_lr,
+                               cfg.batch_size)
         cells = []
         for t in ts:
             point = (mu.astype(np.float64) + t * (zt.astype(np.float64) - mu)).astype(np.float32)
