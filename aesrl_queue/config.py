@@ -130,6 +130,12 @@ class RunConfig:
     # the points between two such policies can be worse than both: HalfCheetah seed 3, an RL individual
     # 16 above μ (-158) told with p 0.53 left μ at -204. False is the paper's rule (one rule for all).
     rl_jump: bool = False
+    # aesrl: RL jobs continue one persistent actor (kept in Redis) instead of training a fresh sample of
+    # N(μ, σ²), and the critic daemon uses that actor as TD3's target policy, so critic and actor form
+    # one TD3 learner fed by every job's episodes; μ moves towards the actor by the mean rule when the
+    # actor beats it. Its step does not update the variance (its distance from μ is not a sample's).
+    # False is the paper: a fresh sample climbs a critic of μ (Hopper's plateau, docs/performance.md §3).
+    rl_actor: bool = False
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -244,6 +250,10 @@ class RunConfig:
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
         need(isinstance(self.rl_jump, bool), "rl_jump", "must be true or false")
         need(not self.rl_jump or self.algo == "aesrl", "rl_jump", f"applies to --algo aesrl, not {self.algo!r}")
+        need(isinstance(self.rl_actor, bool), "rl_actor", "must be true or false")
+        need(not self.rl_actor or (self.algo == "aesrl" and self.rl_ratio > 0), "rl_actor",
+             f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
+             + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
         need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
         need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")

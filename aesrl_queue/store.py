@@ -499,6 +499,25 @@ class Store:
             raise CodecError(f"individual key {key!r} is not an ind: key of run {self.run_id}")
         return codec.decode_array(self.r.get(key), size=self.config().actor_dim, what=key)
 
+    # -- the persistent RL actor (RunConfig.rl_actor) ----------------------------------------------
+    def put_rl_actor(self, params: np.ndarray, job: str) -> int:
+        """Store the actor an RL job trained (the last one to finish wins); returns how many were stored."""
+        pipe = self.r.pipeline()
+        pipe.hincrby(self.key("rl_actor"), "n", 1)
+        pipe.hset(self.key("rl_actor"), mapping={"params": codec.encode_array(params), "job": job})
+        return int(pipe.execute()[0])
+
+    def rl_actor_count(self, client: redis.Redis | None = None) -> int:
+        value = (client or self.r).hget(self.key("rl_actor"), "n")
+        return int(_text(value)) if value is not None else 0
+
+    def read_rl_actor(self, client: redis.Redis | None = None) -> tuple[int, np.ndarray] | None:
+        """(how many actors were stored, the newest one's parameters), or None before the first."""
+        n, blob = (client or self.r).hmget(self.key("rl_actor"), ["n", "params"])
+        if n is None or blob is None:
+            return None
+        return int(_text(n)), codec.decode_array(blob, size=self.config().actor_dim, what="rl_actor")
+
     # -- critic -----------------------------------------------------------------------------------
     def publish_critic(self, version: int, weights: dict[str, np.ndarray], pipe=None) -> None:
         (pipe or self.r).hset(self.key("critic"), mapping={"version": version, "weights": codec.pack(weights)})

@@ -130,6 +130,11 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # 0.032 lie 8.5 from μ and scored 175-250 below it in six of eight jobs of seed 3's first quarter;
     # with p = 0 the variance is never updated, so ES jobs kept sampling there until μ first moved at 22k
     "aesrl-var1e-4": (["--algo", "aesrl"], {"var_init": 1e-4}),
+    # RL jobs continue one persistent actor and the critic learns that actor's Q (TD3 fed by every job's
+    # episodes) instead of a fresh sample climbing a critic of μ: on Hopper every default run stands
+    # still by 20-30k steps, where RL individuals 14-15 from μ fall (gaps near -1000) and ES ones at σ
+    # 0.0034 stand (gaps ±5), so nothing moves μ off the plateau
+    "aesrl-rl-actor": (["--algo", "aesrl"], {"rl_actor": True}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),

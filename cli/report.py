@@ -52,7 +52,7 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         "n_rl": st["n_rl"], "n_es": st["n_es"],
         "critic_version": st["critic_version"], "critic_steps": st["critic_steps"],
         "critic_steps_per_s": st.get("critic_steps_per_s", 0.0), "critic_loss": st.get("critic_loss", math.nan),
-        "critic_device": st.get("critic_device", ""),
+        "critic_device": st.get("critic_device", ""), "critic_target": st.get("critic_target", ""),
         "critic_age": now - st["critic_updated_at"] if st.get("critic_updated_at") else None,
         "inflight": store.inflight_count(),
         "started_at": st.get("started_at", 0.0),

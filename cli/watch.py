@@ -96,7 +96,8 @@ def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> 
         age = s.get("critic_age")
         grid.add_row("critic", f"v{s['critic_version']:,}   {_num(s['critic_steps_per_s'], ',.0f')} steps/s   "
                                f"trained {s['critic_steps']:,} steps   loss {_num(s['critic_loss'], '.4g')}   "
-                               f"{s.get('critic_device') or ''}   updated {_dur(age)} ago")
+                               f"{s.get('critic_device') or ''}   updated {_dur(age)} ago"
+                               + (f"   Q of {s['critic_target']}" if s.get("critic_target") else ""))
     else:
         grid.add_row("critic", Text("no critic published yet" if s["algo"] != "es" else "none (es)", style="dim"))
 

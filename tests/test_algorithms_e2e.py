@@ -251,6 +251,33 @@ def test_action_noise_and_rl_action_limit_end_to_end(cluster, tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_path) -> None:
+    """rl_actor: every RL job stores the actor it trained, the next one starts from it (so RL jobs start
+    ever further from μ, where a fresh sample lies σ·√dim from it), and the critic's target policy is
+    that actor, not μ."""
+    cfg_file = tmp_path / "actor.toml"
+    cfg_file.write_text(CONFIG + "rl_actor = true\n")
+    run = "alg-actor"
+    out = run_scheduler(cluster, "aesrl", run, 3200, "--initial-steps", "400", "--r", "200", config=str(cfg_file))
+    check_common(out, 3200)
+    store, client = out["store"], cluster["client"]
+    rl = [r["res"] for r in out["results"] if r["res"].ok and r["res"].kind == "rl"]
+    assert len(rl) >= 4, [r["res"].kind for r in out["results"]]
+    n, actor = store.read_rl_actor()
+    assert n == len(rl)
+    last = client.hget(store.key("rl_actor"), "job").decode()
+    ind = next(r.ind for r in rl if r.job == last)
+    np.testing.assert_array_equal(store.get_individual(ind), actor)  # the newest actor is that job's
+    cfg = store.config()
+    sample_dist = float(np.sqrt(cfg.actor_dim * cfg.var_init))  # a fresh sample's distance, at most
+    # after the first, each starts from an actor already trained (two RL jobs may start from the same one)
+    far = [r.dist_before for r in rl[1:] if r.dist_before > 2 * sample_dist]
+    assert len(far) >= len(rl[1:]) // 2 and rl[-1].dist_before > 2 * sample_dist, \
+        ([r.dist_before for r in rl], sample_dist)
+    assert out["state"]["critic_target"].startswith("actor "), out["state"]
+
+
+@pytest.mark.slow
 def test_es_enqueues_no_rl_job_and_run_starts_no_critic(cluster, tmp_path) -> None:
     run, steps = "alg-es", 1200
     proc = subprocess.run(

@@ -489,3 +489,26 @@ def test_state_then_load_state_gives_the_same_asks_and_tells(algo, kw, before, a
         twin.provide(member, opt._z[member])
     from_twin = drive(twin, after, steps0 + 10_000)
     assert drive(opt, after, steps0 + 10_000) == from_twin
+
+
+def test_rl_actor_moves_mu_by_the_mean_rule_but_leaves_the_variance() -> None:
+    """rl_actor: the persistent actor is told by the mean rule like any RL individual, but its distance
+    from μ (many jobs of training) is not a sample's spread, so it never updates the variance; ES
+    individuals still do."""
+    from aesrl_queue.config import ConfigError
+
+    cfg = config("aesrl", initial_steps=0, rl_actor=True, r=100.0)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(3, steps=0, inflight=0, critic_version=0, now=0.0)
+    var = opt.var.copy()
+    ev = evaluated(opt, specs[0], fitness=150.0, f_mu=100.0, z=(opt.mean + 2.0).astype(np.float32))
+    ev.kind = "rl"
+    up = opt.tell(ev)
+    assert up.moved and 0.5 < up.history["p"] < 1.0
+    np.testing.assert_array_equal(opt.var, var)
+    up = opt.tell(evaluated(opt, specs[1], fitness=150.0, f_mu=100.0))  # an ES individual: var moves
+    assert up.moved and not np.array_equal(opt.var, var)
+    assert config("aesrl").rl_actor is False  # the paper: a fresh sample per RL job
+    for bad in ({"algo": "cemrl", "rl_actor": True}, {"rl_actor": 1}, {"rl_actor": True, "rl_ratio": 0.0}):
+        with pytest.raises(ConfigError, match="rl_actor"):
+            RunConfig.from_preset("Hopper-v5", **bad).validate()

@@ -56,7 +56,7 @@ class CriticDaemon:
         hard_update(self.critic_target, self.critic)
         self.opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
         self.target_actor = self.spec.make_actor(self.device)
-        self.target_version = -1
+        self.target_version: int | tuple[str, int] = -1  # μ's version, or ("actor", n) with rl_actor
         self.buffer = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
         self.mirror_last = "0-0"
         self.version = 0
@@ -112,7 +112,19 @@ class CriticDaemon:
                 added += len(ep["rew"])
 
     def refresh_target_policy(self) -> None:
-        """Use the current μ as TD3's target policy."""
+        """Use the current μ as TD3's target policy (with `rl_actor`: the persistent actor, once one exists)."""
+        n = self.store.rl_actor_count() if self.cfg.rl_actor else 0
+        if n > 0:
+            if ("actor", n) != self.target_version:
+                try:
+                    kept = self.store.read_rl_actor()
+                except CodecError as exc:
+                    log.warning("cannot read the persistent actor for the target policy: %s", exc)
+                    return
+                if kept is not None:
+                    set_flat(self.target_actor, kept[1])
+                    self.target_version = ("actor", kept[0])
+            return
         version = self.store.current_version()
         if version == self.target_version:
             return
@@ -123,6 +135,12 @@ class CriticDaemon:
             return
         set_flat(self.target_actor, mu)
         self.target_version = version
+
+    def target_name(self) -> str:
+        """The policy whose Q the critic learns: "mu <version>" or, with rl_actor, "actor <n stored>"."""
+        if isinstance(self.target_version, tuple):
+            return f"actor {self.target_version[1]}"
+        return f"mu {self.target_version}"
 
     # -- training -------------------------------------------------------------------------------
     def train_chunk(self, n: int) -> dict[str, float]:
@@ -147,7 +165,8 @@ class CriticDaemon:
                                                  "critic_target": get_flat(self.critic_target)}, pipe=pipe)
         self.store.set_state(pipe=pipe, critic_version=self.version, critic_steps=self.trained,
                              critic_loss=stats["loss"], critic_updated_at=time.time(),
-                             critic_steps_per_s=round(self.steps_per_s, 1), critic_device=str(self.device))
+                             critic_steps_per_s=round(self.steps_per_s, 1), critic_device=str(self.device),
+                             critic_target=self.target_name())
         pipe.execute()
 
     def run(self) -> str:

@@ -264,6 +264,10 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
             raise JobRejected(f"replay holds {0 if ctx.mirror is None else len(ctx.mirror)} states, "
                               f"fewer than a batch of {cfg.batch_size}")
         gen = torch.Generator().manual_seed(seed % (2**63))
+        if cfg.rl_actor:  # continue the run's persistent actor (the sample z seeds only the first)
+            kept = store.read_rl_actor()
+            if kept is not None:
+                z = kept[1]
         dists["dist_before"] = float(np.linalg.norm(z.astype(np.float64) - mu))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed % (2**31))
@@ -276,6 +280,8 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         if not np.all(np.isfinite(z)):
             raise JobRejected("RL training produced non-finite parameters")
         ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
+        if cfg.rl_actor:
+            store.put_rl_actor(z, base["job"])
         train_time = time.monotonic() - t_train
 
     ctx.actor.set_params(z)

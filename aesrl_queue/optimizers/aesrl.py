@@ -222,8 +222,10 @@ class AesrlOptimizer(OwnsDistribution):
                 p_loser = p
                 if hasattr(dist, "tell_step"):
                     jump = cfg.rl_jump and ev.kind == "rl"  # a jump says nothing of the spread of samples
+                    # nor does a persistent actor's distance from μ (rl_actor)
+                    rl_var = cfg.rl_var_update and not cfg.rl_actor
                     p, step_i = dist.tell_step(z_i, f_i, f_ref,
-                                               var_step=(cfg.rl_var_update or ev.kind != "rl") and not jump,
+                                               var_step=(rl_var or ev.kind != "rl") and not jump,
                                                scale_step=cfg.r_kinds == "all" or ev.kind != "rl", jump=jump)
                     step = step_i if step_i is not None else step
                 else:
