@@ -264,7 +264,7 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     rl = [r["res"] for r in out["results"] if r["res"].ok and r["res"].kind == "rl"]
     assert len(rl) >= 4, [r["res"].kind for r in out["results"]]
     n, actor = store.read_rl_actor()
-    assert n == len(rl)
+    assert n >= len(rl)  # every RL job that reported stored its actor (one replaced under load may have too)
     last = client.hget(store.key("rl_actor"), "job").decode()
     ind = next(r.ind for r in rl if r.job == last)
     np.testing.assert_array_equal(store.get_individual(ind), actor)  # the newest actor is that job's
@@ -274,7 +274,20 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     far = [r.dist_before for r in rl[1:] if r.dist_before > 2 * sample_dist]
     assert len(far) >= len(rl[1:]) // 2 and rl[-1].dist_before > 2 * sample_dist, \
         ([r.dist_before for r in rl], sample_dist)
-    assert out["state"]["critic_target"].startswith("actor "), out["state"]
+    # The daemon published "Q of mu ..." before the first actor existed; once one is stored it learns the
+    # actor's Q. Under load its last chunk may predate the first actor, so ask a daemon of this run directly.
+    from aesrl_queue.nets import get_flat
+    from workers.critic import CriticDaemon
+
+    assert out["state"]["critic_target"].startswith(("actor ", "mu ")), out["state"]
+    daemon = CriticDaemon(client, client, run)
+    daemon.refresh_target_policy()
+    assert daemon.target_name() == f"actor {n}"
+    np.testing.assert_array_equal(get_flat(daemon.target_actor), actor)
+    store.put_rl_actor(actor + 1.0, "a-later-job")  # a newer actor replaces the target at the next chunk
+    daemon.refresh_target_policy()
+    assert daemon.target_name() == f"actor {n + 1}"
+    np.testing.assert_array_equal(get_flat(daemon.target_actor), actor + 1.0)
 
 
 @pytest.mark.slow
