@@ -141,6 +141,7 @@ class Result:
     dist_before: float = math.nan
     dist_after: float = math.nan
     rl_trained: int = 0  # RL jobs: actor steps trained (fewer than rl_steps when rl_action_limit stopped it)
+    rl_from: int = 0  # rl_actor RL jobs: the stored actor (its count) the job continued; 0 = a fresh sample
     # antithetic ES jobs (es_antithetic): the return and length of μ − σ·ε (NaN, 0 otherwise)
     mirror_fitness: float = math.nan
     mirror_len: int = 0
@@ -203,6 +204,7 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         dist_before=num("dist_before", float, math.nan),
         dist_after=num("dist_after", float, math.nan),
         rl_trained=num("rl_trained", int, 0),
+        rl_from=num("rl_from", int, 0),
         mirror_fitness=num("mirror_fitness", float, math.nan),
         mirror_len=num("mirror_len", int, 0),
         f_mu_noise=num("f_mu_noise", float, 0.0),

@@ -268,12 +268,13 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     last = client.hget(store.key("rl_actor"), "job").decode()
     ind = next(r.ind for r in rl if r.job == last)
     np.testing.assert_array_equal(store.get_individual(ind), actor)  # the newest actor is that job's
-    cfg = store.config()
-    sample_dist = float(np.sqrt(cfg.actor_dim * cfg.var_init))  # a fresh sample's distance, at most
-    # after the first, each starts from an actor already trained (two RL jobs may start from the same one)
-    far = [r.dist_before for r in rl[1:] if r.dist_before > 2 * sample_dist]
-    assert len(far) >= len(rl[1:]) // 2 and rl[-1].dist_before > 2 * sample_dist, \
-        ([r.dist_before for r in rl], sample_dist)
+    # Only jobs that started before the first RL job finished train a fresh sample (two workers: at most
+    # two); every later one continues a stored actor, and later jobs newer ones.
+    froms = [r.rl_from for r in rl]
+    assert froms.count(0) <= WORKERS and 0 in froms and max(froms) >= len(rl) - WORKERS, froms
+    assert all(0 <= f < n for f in froms), (froms, n)
+    hist = {h["job"]: h for h in out["history"]}
+    assert [hist[r.job]["rl_from"] for r in rl] == froms  # recorded in the history (and metrics.jsonl)
     # The daemon published "Q of mu ..." before the first actor existed; once one is stored it learns the
     # actor's Q. Under load its last chunk may predate the first actor, so ask a daemon of this run directly.
     from aesrl_queue.nets import get_flat

@@ -267,7 +267,7 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         if cfg.rl_actor:  # continue the run's persistent actor (the sample z seeds only the first)
             kept = store.read_rl_actor()
             if kept is not None:
-                z = kept[1]
+                dists["rl_from"], z = kept
         dists["dist_before"] = float(np.linalg.norm(z.astype(np.float64) - mu))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed % (2**31))
