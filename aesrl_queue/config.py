@@ -255,7 +255,7 @@ class RunConfig:
              f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
              + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
         need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
-        need(isinstance(self.r_factor, int | float) and math.isfinite(self.r_factor) and self.r_factor > 0,
+        need(real(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")
         if self.run_id:
             need(bool(RUN_ID_RE.match(self.run_id)), "run_id", "use 1-64 letters, digits, '_' or '-'")
@@ -271,20 +271,20 @@ class RunConfig:
             need(isinstance(val, int) and not isinstance(val, bool) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
         for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):
             val = getattr(self, name)
-            need(isinstance(val, int | float) and math.isfinite(val) and val > 0, name, f"must be a positive number, got {val!r}")
+            need(real(val) and val > 0, name, f"must be a positive number, got {val!r}")
         for name in ("rl_ratio", "gamma", "tau", "negative_ratio"):
             val = getattr(self, name)
-            need(isinstance(val, int | float) and 0.0 <= val <= 1.0, name, f"must be in [0, 1], got {val!r}")
+            need(real(val) and 0.0 <= val <= 1.0, name, f"must be in [0, 1], got {val!r}")
         for name in ("rl_gain", "policy_noise", "noise_clip", "expl_noise", "job_deadline", "critic_wait"):
             val = getattr(self, name)
-            need(isinstance(val, int | float) and math.isfinite(val) and val >= 0, name, f"must be >= 0, got {val!r}")
-        need(isinstance(self.positive_ratio, int | float) and 0.0 < self.positive_ratio <= 1.0, "positive_ratio",
+            need(real(val) and val >= 0, name, f"must be >= 0, got {val!r}")
+        need(real(self.positive_ratio) and 0.0 < self.positive_ratio <= 1.0, "positive_ratio",
              f"must be in (0, 1], got {self.positive_ratio!r}")
         need(self.var_floor <= self.var_init, "var_floor", "must not exceed var_init")
         need(self.population >= 2 and self.population % 2 == 0, "population", "must be an even number >= 2 (antithetic pairs)")
         for name in ("hidden", "critic_hidden"):
             val = getattr(self, name)
-            need(isinstance(val, tuple) and len(val) >= 1 and all(isinstance(h, int) and h > 0 for h in val),
+            need(isinstance(val, tuple) and len(val) >= 1 and all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in val),
                  name, f"must be a list of positive layer sizes, got {val!r}")
         for name in ("activation", "critic_activation"):
             val = getattr(self, name)

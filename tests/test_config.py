@@ -133,6 +133,14 @@ def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
         ("run_id", "worker"),  # its keys would be aesrl:worker:*, the workers' heartbeat keys
         ("env_kwargs", [1, 2]),
         ("env_id", ""),
+        # a TOML `true` is not a number: every numeric range check refuses booleans
+        ("rl_ratio", True),
+        ("var_init", True),
+        ("rl_gain", True),
+        ("positive_ratio", True),
+        ("r_factor", True),
+        ("gamma", False),
+        ("hidden", (True, 64)),
     ],
 )
 def test_validation_names_the_bad_field(field: str, value) -> None:
