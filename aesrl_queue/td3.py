@@ -186,14 +186,17 @@ def train_actor(
             raise ValueError(
                 f"sample_obs({batch_size}) returned shape {tuple(obs_t.shape)}, expected (N, {spec.obs_dim})"
             )
-        before = get_flat(actor) if start is not None else None
+        # the parameters before this step, as tensors on the device (no copy to numpy per step)
+        before = [p.detach().clone() for p in actor.parameters()] if start is not None else None
         loss = _actor_step(actor, critic, opt, obs_t)
         if step == 0:
             log.debug("train_actor: first loss %.4g", float(loss))
         if start is not None:
             step_change = action_change(actor, start, obs_t, spec.max_action)
             if step_change > max_action_change:
-                set_flat(actor, before)  # out of the region: undo this step and stop
+                with torch.no_grad():  # out of the region: undo this step and stop
+                    for param, old in zip(actor.parameters(), before, strict=True):
+                        param.copy_(old)
                 break
             change = step_change
         kept = step + 1
