@@ -113,9 +113,10 @@ class RunConfig:
     # episode on μ alone (half the interactions per stored step); both individuals are told, the
     # worse first. RL jobs still run their paired μ episode.
     es_antithetic: bool = False
-    # aesrl and es, antithetic pairs only: a pair drawn from an older μ (other results were told while
-    # it ran) moves the current μ by p·(z − μ_drawn), its offset, instead of p·(z − μ_now), which also
-    # pulls μ back towards where it was. False is the paper's rule.
+    # aesrl and es: an ES individual or antithetic pair drawn from an older μ (other results were told
+    # while it ran) moves the current μ by p·(z − μ_drawn), its offset, instead of p·(z − μ_now), which
+    # also pulls μ back towards where it was, and its variance step is its offset too. False is the
+    # paper's rule.
     pair_shift: bool = False
     # aesrl: Gaussian action noise (std as a fraction of the action bound, TD3's exploration noise) on
     # the stored episode of every ES individual after the random phase, and on its paired f(μ) episode

@@ -135,6 +135,11 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # still by 20-30k steps, where RL individuals 14-15 from μ fall (gaps near -1000) and ES ones at σ
     # 0.0034 stand (gaps ±5), so nothing moves μ off the plateau
     "aesrl-rl-actor": (["--algo", "aesrl"], {"rl_actor": True}),
+    # pair_shift for single ES individuals: one drawn before μ moved is told by its offset from the μ it
+    # came from. Hopper aesrl-rl-actor seed 3: an ES individual told after μ moved 63 towards the actor
+    # took σ from 0.0035 to 0.113, and ES individuals fell for the next 13k steps
+    "aesrl-shift": (["--algo", "aesrl"], {"pair_shift": True}),
+    "aesrl-rl-actor-shift": (["--algo", "aesrl"], {"rl_actor": True, "pair_shift": True}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),

@@ -240,6 +240,9 @@ class Scheduler:
             z, mirror_z = self.dispatch.individual(res, self.dists)
         except CodecError as exc:
             return skip("rejected", res.job, f"individual of {res.job} unusable: {exc}")
+        # pair_shift tells a single ES individual by its offset from the μ it was drawn from
+        mean_drawn = (self.dists.get_std(res.version)[0]
+                      if cfg.pair_shift and res.kind == "es" and mirror_z is None else None)
         self.dispatch.note_duration(res.kind, res.duration)
         info = self.dispatch.inflight[res.job]
         # Results carry the counters after their episode was stored: no read per result.
@@ -253,7 +256,8 @@ class Scheduler:
                        worker=res.worker, duration=res.duration, rl_steps=res.rl_steps,
                        dist_before=res.dist_before, dist_after=res.dist_after, rl_trained=res.rl_trained,
                        rl_from=res.rl_from, enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind, mirror_z=mirror_z,
-                       mirror_fitness=res.mirror_fitness, mirror_length=res.mirror_len, f_mu_noise=res.f_mu_noise)
+                       mirror_fitness=res.mirror_fitness, mirror_length=res.mirror_len, f_mu_noise=res.f_mu_noise,
+                       mean_drawn=mean_drawn)
         try:
             update = self.opt.tell(ev, now=time.time())
         except ValueError as exc:

@@ -194,6 +194,35 @@ def test_a_stale_pair_moves_mu_by_its_offset_with_pair_shift_and_towards_z_witho
     assert not RunConfig.from_preset("Pendulum-v1", algo="aesrl").pair_shift
 
 
+@pytest.mark.parametrize("shift", [True, False])
+def test_a_stale_single_es_individual_is_told_by_its_offset_with_pair_shift(shift) -> None:
+    """An RL individual far from μ moves it; an ES individual drawn before that is told one version late.
+    With pair_shift, μ moves by p·(z − μ_drawn) and the variance step is that offset (σ·ε), not the
+    distance μ moved meanwhile; with the paper's rule, μ moves towards z and the variance takes it all."""
+    # (the RL individual leaves the variance alone here, so only the ES step can change it)
+    cfg = config("aesrl", initial_steps=0, r=10.0, pair_shift=shift, rl_var_update=False)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(2, steps=0, inflight=0, critic_version=0, now=0.0)
+    mu0_, var0 = opt.mean.astype(np.float64), opt.var.copy()
+    rl = evaluated(opt, specs[0], fitness=110.0, f_mu=100.0, z=(opt.mean + 5.0).astype(np.float32))
+    rl.kind = "rl"
+    assert opt.tell(rl).moved  # p = 20/30: μ moves 3.3 per coordinate
+    mu1, var1 = opt.mean.astype(np.float64), opt.var.copy()
+    z = noise.sample(mu0_.astype(np.float32), var0, specs[1]["seed"])
+    es = evaluated(opt, specs[1], fitness=100.0, f_mu=100.0, z=z)  # as good as its μ: p = 0.5
+    es.mean_drawn = mu0_ if shift else None  # the loop sets it only with pair_shift
+    up = opt.tell(es)
+    assert up.moved and up.history["p"] == pytest.approx(0.5) and up.history["lag"] == 1
+    offset = z.astype(np.float64) - mu0_
+    want = mu1 + 0.5 * offset if shift else 0.5 * mu1 + 0.5 * z
+    np.testing.assert_allclose(opt.mean, want, atol=1e-5)
+    # the variance: from a step of σ·ε it stays near σ² (≈ var0); towards z it takes μ's move of 3.3
+    if shift:
+        assert opt.var.mean() < 10 * var1.mean()
+    else:
+        assert opt.var.mean() > 100 * var1.mean()
+
+
 def test_es_antithetic_is_the_es_default_and_only_for_aesrl_rules() -> None:
     from aesrl_queue.config import ConfigError
 

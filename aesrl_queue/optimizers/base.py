@@ -67,6 +67,8 @@ class Evaluated:
     mirror_z: np.ndarray | None = None
     mirror_fitness: float = math.nan
     mirror_length: int = 0
+    # a single ES individual told with pair_shift: the μ it was drawn from (the loop has it to rebuild z)
+    mean_drawn: np.ndarray | None = None
     # action_noise: f_z and f_mu were both measured under action noise of this std (0: none); f_mu is
     # then this individual's reference only, not an estimate of the run's f(μ)
     f_mu_noise: float = 0.0
