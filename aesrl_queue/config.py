@@ -221,6 +221,9 @@ class RunConfig:
         def real(val: Any) -> bool:  # a finite int or float, not a bool
             return isinstance(val, int | float) and not isinstance(val, bool) and math.isfinite(val)
 
+        def integer(val: Any) -> bool:  # an int, not a bool
+            return isinstance(val, int) and not isinstance(val, bool)
+
         need(isinstance(self.env_id, str) and bool(self.env_id), "env_id", "must name a gymnasium environment")
         need(self.algo in ALGOS, "algo", f"{self.algo!r} is not one of {', '.join(ALGOS)}")
         need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
@@ -266,10 +269,10 @@ class RunConfig:
                      "replay_capacity", "mean_eval_episodes", "population", "r_window", "td3_eval_every", "job_timeout",
                      "failure_ttl", "history_max"):
             val = getattr(self, name)
-            need(isinstance(val, int) and not isinstance(val, bool) and val > 0, name, f"must be a positive integer, got {val!r}")
+            need(integer(val) and val > 0, name, f"must be a positive integer, got {val!r}")
         for name in ("initial_steps", "td3_start_steps", "queued_per_worker", "seed", "result_ttl", "critic_lag"):
             val = getattr(self, name)
-            need(isinstance(val, int) and not isinstance(val, bool) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
+            need(integer(val) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
         for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):
             val = getattr(self, name)
             need(real(val) and val > 0, name, f"must be a positive number, got {val!r}")
@@ -285,7 +288,7 @@ class RunConfig:
         need(self.population >= 2 and self.population % 2 == 0, "population", "must be an even number >= 2 (antithetic pairs)")
         for name in ("hidden", "critic_hidden"):
             val = getattr(self, name)
-            need(isinstance(val, tuple) and len(val) >= 1 and all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in val),
+            need(isinstance(val, tuple) and len(val) >= 1 and all(integer(h) and h > 0 for h in val),
                  name, f"must be a list of positive layer sizes, got {val!r}")
         for name in ("activation", "critic_activation"):
             val = getattr(self, name)

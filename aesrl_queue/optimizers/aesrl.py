@@ -213,16 +213,15 @@ class AesrlOptimizer(OwnsDistribution):
         if pair:
             members = sorted([(ev.fitness, ev.z), (ev.mirror_fitness, ev.mirror_z)], key=lambda m: m[0])
         tellees = members
-        if pair and cfg.pair_shift and ev.version != dist.version:
-            # drawn from an older μ (the pair's midpoint): tell the pair's offsets from the current μ
-            shift = dist.mean.astype(np.float64) - 0.5 * (ev.z.astype(np.float64) + ev.mirror_z)
-            tellees = [(f_i, (z_i + shift).astype(np.float32)) for f_i, z_i in members]
-        elif cfg.pair_shift and ev.kind == "es" and ev.mean_drawn is not None and ev.version != dist.version:
-            # a single ES individual drawn from an older μ: its offset σ·ε from that μ, added to the current
-            # one (told as it is, its step z − μ_now also holds how far μ moved meanwhile, and updates the
-            # variance with it: Hopper, rl_actor seed 3, σ 0.0035 → 0.113 after μ moved 63)
-            tellees = [(ev.fitness, (dist.mean.astype(np.float64) + (ev.z.astype(np.float64) - ev.mean_drawn))
-                        .astype(np.float32))]
+        if cfg.pair_shift and ev.kind == "es" and ev.version != dist.version:
+            # drawn from an older μ: tell the offsets σ·ε from that μ (a pair's midpoint, else the μ the loop
+            # rebuilt z from), added to the current one. Told as they are, z − μ_now also holds how far μ
+            # moved meanwhile, and the variance takes it (Hopper, rl_actor seed 3: σ 0.0035 → 0.113 after
+            # μ moved 63)
+            drawn = 0.5 * (ev.z.astype(np.float64) + ev.mirror_z) if pair else ev.mean_drawn
+            if drawn is not None:
+                shift = dist.mean.astype(np.float64) - drawn
+                tellees = [(f_i, (z_i + shift).astype(np.float32)) for f_i, z_i in members]
         if told:
             for f_i, z_i in tellees:
                 p_loser = p
