@@ -137,6 +137,13 @@ class RunConfig:
     # actor beats it. Its step does not update the variance (its distance from μ is not a sample's).
     # False is the paper: a fresh sample climbs a critic of μ (Hopper's plateau, docs/performance.md §3).
     rl_actor: bool = False
+    # aesrl: the points μ + t·(z − μ) on the line from μ to its trained individual z that an RL job
+    # evaluates, one stored episode each, all from the start state of its paired f(μ) episode; the best
+    # of them is the individual told. A trained z lies 10-16 from μ, and the points between are not a
+    # line from f(μ) to f(z): on HalfCheetah at 30k steps two such z scored 313 and 567, μ 12, and
+    # the points at t = 0.75 587 and 771 (docs/performance.md §3, the eighth sitting). The extra
+    # episodes are real steps of the budget. (1.0,) is the paper: z alone.
+    rl_line: tuple[float, ...] = (1.0,)
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -188,6 +195,10 @@ class RunConfig:
             if isinstance(val, str):
                 val = parse_sizes(name, val)
             setattr(cfg, name, tuple(val) if isinstance(val, list | tuple) else val)
+        if isinstance(cfg.rl_line, str):
+            cfg.rl_line = parse_points("rl_line", cfg.rl_line)
+        elif isinstance(cfg.rl_line, list):
+            cfg.rl_line = tuple(cfg.rl_line)
         return cfg
 
     @classmethod
@@ -258,6 +269,12 @@ class RunConfig:
         need(not self.rl_actor or (self.algo == "aesrl" and self.rl_ratio > 0), "rl_actor",
              f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
              + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
+        need(isinstance(self.rl_line, tuple) and 1 <= len(self.rl_line) <= 8
+             and all(real(t) and 0 < t <= 2 for t in self.rl_line) and len(set(self.rl_line)) == len(self.rl_line),
+             "rl_line", f"must be 1-8 distinct numbers in (0, 2] (points μ + t·(z − μ)), got {self.rl_line!r}")
+        need(self.rl_line == (1.0,) or (self.algo == "aesrl" and self.rl_ratio > 0), "rl_line",
+             f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
+             + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
         need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
         need(real(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")
@@ -325,6 +342,7 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["hidden"] = list(self.hidden)
         out["critic_hidden"] = list(self.critic_hidden)
+        out["rl_line"] = list(self.rl_line)
         out["spec_hash"] = self.spec_hash
         return out
 
@@ -384,6 +402,17 @@ def parse_sizes(name: str, text: str) -> tuple[int, ...]:
     if not sizes:
         raise ConfigError(name, f"expected layer sizes such as '400,300', got {text!r}")
     return sizes
+
+
+def parse_points(name: str, text: str) -> tuple[float, ...]:
+    """Numbers from "0.5,0.75,1"; ConfigError naming `name` otherwise."""
+    try:
+        points = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(name, f"expected numbers such as '0.5,0.75,1', got {text!r}") from None
+    if not points:
+        raise ConfigError(name, f"expected numbers such as '0.5,0.75,1', got {text!r}")
+    return points
 
 
 def new_run_id(env_id: str, algo: str) -> str:

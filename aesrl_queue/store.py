@@ -142,6 +142,10 @@ class Result:
     dist_after: float = math.nan
     rl_trained: int = 0  # RL jobs: actor steps trained (fewer than rl_steps when rl_action_limit stopped it)
     rl_from: int = 0  # rl_actor RL jobs: the stored actor (its count) the job continued; 0 = a fresh sample
+    # rl_line RL jobs: the t of the point μ + t·(z − μ) reported (NaN: z alone), and the stored steps
+    # of the other points' episodes
+    rl_t: float = math.nan
+    line_len: int = 0
     # antithetic ES jobs (es_antithetic): the return and length of μ − σ·ε (NaN, 0 otherwise)
     mirror_fitness: float = math.nan
     mirror_len: int = 0
@@ -205,6 +209,8 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         dist_after=num("dist_after", float, math.nan),
         rl_trained=num("rl_trained", int, 0),
         rl_from=num("rl_from", int, 0),
+        rl_t=num("rl_t", float, math.nan),
+        line_len=num("line_len", int, 0),
         mirror_fitness=num("mirror_fitness", float, math.nan),
         mirror_len=num("mirror_len", int, 0),
         f_mu_noise=num("f_mu_noise", float, 0.0),

@@ -140,6 +140,10 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # took σ from 0.0035 to 0.113, and ES individuals fell for the next 13k steps
     "aesrl-shift": (["--algo", "aesrl"], {"pair_shift": True}),
     "aesrl-rl-actor-shift": (["--algo", "aesrl"], {"rl_actor": True, "pair_shift": True}),
+    # RL jobs also evaluate the points half and three quarters of the way from μ to their trained z and
+    # report the best of the three: on HalfCheetah at 30k steps (bench/rl_probe.py --interpolate) two
+    # trained z scored 313 and 567 with μ at 12, the points at t = 0.75 587 and 771, at 0.5 192 and 360
+    "aesrl-line": (["--algo", "aesrl"], {"rl_line": [0.5, 0.75, 1.0]}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),

@@ -255,7 +255,7 @@ class Scheduler:
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
                        worker=res.worker, duration=res.duration, rl_steps=res.rl_steps,
                        dist_before=res.dist_before, dist_after=res.dist_after, rl_trained=res.rl_trained,
-                       rl_from=res.rl_from, enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind, mirror_z=mirror_z,
+                       rl_from=res.rl_from, rl_t=res.rl_t, enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind, mirror_z=mirror_z,
                        mirror_fitness=res.mirror_fitness, mirror_length=res.mirror_len, f_mu_noise=res.f_mu_noise,
                        mean_drawn=mean_drawn)
         try:

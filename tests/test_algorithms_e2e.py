@@ -254,9 +254,10 @@ def test_action_noise_and_rl_action_limit_end_to_end(cluster, tmp_path) -> None:
 def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_path) -> None:
     """rl_actor: every RL job stores the actor it trained, the next one starts from it (so RL jobs start
     ever further from μ, where a fresh sample lies σ·√dim from it), and the critic's target policy is
-    that actor, not μ."""
+    that actor, not μ. With rl_line (one run for both): an RL job also evaluates the midpoint between
+    μ and its actor, stores both episodes, and reports the better point as its individual."""
     cfg_file = tmp_path / "actor.toml"
-    cfg_file.write_text(CONFIG + "rl_actor = true\n")
+    cfg_file.write_text(CONFIG + "rl_actor = true\nrl_line = [0.5, 1.0]\n")
     run = "alg-actor"
     out = run_scheduler(cluster, "aesrl", run, 3200, "--initial-steps", "400", "--r", "200", config=str(cfg_file))
     check_common(out, 3200)
@@ -265,9 +266,20 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     assert len(rl) >= 4, [r["res"].kind for r in out["results"]]
     n, actor = store.read_rl_actor()
     assert n >= len(rl)  # every RL job that reported stored its actor (one replaced under load may have too)
-    last = client.hget(store.key("rl_actor"), "job").decode()
-    ind = next(r.ind for r in rl if r.job == last)
-    np.testing.assert_array_equal(store.get_individual(ind), actor)  # the newest actor is that job's
+    last = next(r for r in rl if r.job == client.hget(store.key("rl_actor"), "job").decode())
+    # rl_line: the newest actor is that job's trained z; its individual is z itself or the midpoint
+    # μ_v + (z − μ_v)/2, which lies half of z's distance from μ_v (dist_after) away from z
+    ind = store.get_individual(last.ind)
+    assert last.rl_t in (0.5, 1.0) and last.line_len > 0, last
+    if last.rl_t == 1.0:
+        np.testing.assert_array_equal(ind, actor)
+    else:
+        gap = float(np.linalg.norm(ind.astype(np.float64) - actor))
+        assert gap == pytest.approx(0.5 * last.dist_after, rel=1e-3), (gap, last.dist_after)
+    assert all(r.rl_t in (0.5, 1.0) and r.line_len > 0 for r in rl), [(r.rl_t, r.line_len) for r in rl]
+    # every point's episode is stored: the run's steps are the reported episodes plus the other points'
+    ok = [r["res"] for r in out["results"] if r["res"].ok]
+    assert sum(r.length + r.line_len for r in ok) == out["state"]["steps"]
     # Only jobs that started before the first RL job finished train a fresh sample (two workers: at most
     # two); every later one continues a stored actor, and later jobs newer ones.
     froms = [r.rl_from for r in rl]
@@ -275,6 +287,7 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     assert all(0 <= f < n for f in froms), (froms, n)
     hist = {h["job"]: h for h in out["history"]}
     assert [hist[r.job]["rl_from"] for r in rl] == froms  # recorded in the history (and metrics.jsonl)
+    assert [hist[r.job]["rl_t"] for r in rl] == [r.rl_t for r in rl]
     # The daemon published "Q of mu ..." before the first actor existed; once one is stored it learns the
     # actor's Q. Under load its last chunk may predate the first actor, so ask a daemon of this run directly.
     from aesrl_queue.nets import get_flat

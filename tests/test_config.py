@@ -141,6 +141,12 @@ def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
         ("r_factor", True),
         ("gamma", False),
         ("hidden", (True, 64)),
+        ("rl_line", ()),
+        ("rl_line", (0.5, 0.0)),
+        ("rl_line", (0.5, 2.5)),
+        ("rl_line", (0.5, 0.5)),
+        ("rl_line", (0.5, True)),
+        ("rl_line", (0.5, math.nan)),
     ],
 )
 def test_validation_names_the_bad_field(field: str, value) -> None:
@@ -362,3 +368,16 @@ def test_rule_names_have_one_source() -> None:
     assert config.MEAN_RULES == rules.FITNESS_MEAN_RULES and set(rules.FITNESS_MEAN_RULES) < set(rules.MEAN_RULES)
     assert config.VAR_RULES == rules.AESRL_VAR_RULES == distributions.AESRL_VAR_RULES
     assert distributions.AESRL_MEAN_RULES == rules.MEAN_RULES
+
+
+def test_rl_line_reads_from_text_and_lists_and_needs_rl_jobs() -> None:
+    assert RunConfig.from_preset("Hopper-v5").rl_line == (1.0,)  # the paper: the trained z alone
+    assert RunConfig.from_dict({"rl_line": "0.5, 0.75,1"}).rl_line == (0.5, 0.75, 1.0)
+    cfg = RunConfig.from_dict({"rl_line": [0.75, 1.0]})
+    assert cfg.rl_line == (0.75, 1.0)
+    assert RunConfig.from_dict(cfg.to_dict()).rl_line == (0.75, 1.0)  # survives the run's stored config
+    with pytest.raises(ConfigError, match="rl_line"):
+        RunConfig.from_dict({"rl_line": "half"})
+    for algo, extra in (("td3", {}), ("aesrl", {"rl_ratio": 0.0})):
+        with pytest.raises(ConfigError, match="rl_line"):
+            RunConfig.from_preset("Hopper-v5", algo=algo, rl_line=(0.5, 1.0), **extra).validate()

@@ -279,21 +279,34 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         dists["dist_after"] = float(np.linalg.norm(np.asarray(z, dtype=np.float64) - mu))
         if not np.all(np.isfinite(z)):
             raise JobRejected("RL training produced non-finite parameters")
-        ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
         if cfg.rl_actor:
             store.put_rl_actor(z, base["job"])
         train_time = time.monotonic() - t_train
 
-    ctx.actor.set_params(z)
     # action_noise: an ES individual explores with TD3's action noise; its paired f(μ) episode below
     # meets the same draws (noise_seed), so the gap between them is the policies', not the noise's
     noise_std = cfg.action_noise if kind == "es" and not random_actions else 0.0
     noise_seed = seed % (2**63)
-    ep = run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=seed % (2**31),
-                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs,
-                      action_noise=noise_std, noise_seed=noise_seed)
+    # rl_line: an RL job evaluates points μ + t·(z − μ), every one from the same start state, stores
+    # all their episodes and reports the best point as its individual
+    line = tuple(cfg.rl_line) if kind == "rl" and tuple(cfg.rl_line) != (1.0,) else (1.0,)
+    runs = []  # (t, episode, parameters) per point
+    for t in line:
+        point = z if t == 1.0 else (mu + t * (z.astype(np.float64) - mu)).astype(z.dtype)
+        ctx.actor.set_params(point)
+        runs.append((t, run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=seed % (2**31),
+                                     random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs,
+                                     action_noise=noise_std, noise_seed=noise_seed), point))
+    t_best, ep, z = max(runs, key=lambda run: run[1].returns[0])  # of equal returns, the first in rl_line
+    transitions = ep.transitions
+    if len(runs) > 1:
+        transitions = {k: np.concatenate([run[1].transitions[k] for run in runs]) for k in ep.transitions}
+    if kind == "rl":
+        ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
     fitness, length = float(ep.returns[0]), int(ep.lengths[0])
-    transitions, mirror = ep.transitions, {}
+    mirror = {}
+    if len(runs) > 1:
+        dists.update(rl_t=float(t_best), line_len=sum(int(run[1].lengths[0]) for run in runs) - length)
     f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
     if kind == "es" and cfg.es_antithetic and not random_actions:
         # The antithetic individual μ − σ·ε from the same start state, stored as well: the pair's

@@ -258,7 +258,7 @@ class AesrlOptimizer(OwnsDistribution):
                  # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
                  "f_ref": f_ref, "delta": ev.fitness - f_ref, "r": r_used, "told": told,
                  "dist_before": ev.dist_before, "dist_after": ev.dist_after, "rl_trained": ev.rl_trained,
-                 "rl_from": ev.rl_from,
+                 "rl_from": ev.rl_from, "rl_t": ev.rl_t,
                  # how many updates were told while this individual ran (drawn from an older μ)
                  "lag": version_before - ev.version}
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it

@@ -61,6 +61,7 @@ class Evaluated:
     dist_after: float = math.nan
     rl_trained: int = 0  # actor steps an RL job trained (rl_action_limit may stop it before rl_steps)
     rl_from: int = 0  # rl_actor: which stored actor the RL job continued (0: a fresh sample)
+    rl_t: float = math.nan  # rl_line: the reported point μ + t·(z − μ) (NaN: z itself, no line)
     enqueued_at: float = 0.0
     ind: str = ""  # RL: the key of the stored trained individual (opaque here; the loop reads it back)
     # an antithetic ES job (es_antithetic): μ − σ·ε, its return and episode length; f_mu is the pair's mean
