@@ -67,6 +67,9 @@ class FitnessScale:
         self.factor = float(factor)
         self.r = float(r) if r is not None else 1.0
         self._seen: deque[float] = deque(maxlen=self.window)
+        # gaps of individuals that do not set r (RL ones under r_kinds = "es"), lent to the scale only
+        # while it has fewer than min_gaps of its own (`judge(..., lend=True)`)
+        self._lent: deque[float] = deque(maxlen=self.min_gaps)
 
     @property
     def adapts(self) -> bool:
@@ -84,7 +87,24 @@ class FitnessScale:
             return self.r
         self._seen.append(f_z - f_mu if self.mode == "adaptive" else f_z)
         self.r = self._scale(self._seen)
-        return self.r if self.ready else None
+        return self._judging_r()
+
+    def judge(self, f_z: float, f_mu: float, lend: bool = False) -> float | None:
+        """The r to judge an individual whose gap does not set the scale; None while too few gaps are known.
+
+        `lend`: while the scale has fewer than `min_gaps` gaps of its own, this gap counts towards it
+        (and the scale is then the spread of its own and the lent gaps); once it has enough, lent gaps
+        are left out. With 1000-step episodes and half the jobs RL ones, five ES gaps take ~10 jobs."""
+        if lend and not self.ready and self.mode == "adaptive":
+            self._lent.append(f_z - f_mu)
+        return self._judging_r()
+
+    def _judging_r(self) -> float | None:
+        if self.ready:
+            return self.r
+        if self._lent and len(self._seen) + len(self._lent) >= self.min_gaps:
+            return self._scale([*self._seen, *self._lent])
+        return None
 
     def _scale(self, values) -> float:
         vals = list(values)
@@ -98,18 +118,21 @@ class FitnessScale:
 
     # -- persistence ----------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"mode": self.mode, "r": self.r, "seen": list(self._seen)}
+        return {"mode": self.mode, "r": self.r, "seen": list(self._seen), "lent": list(self._lent)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("mode") != self.mode:
             raise ValueError(f"fitness scale state is not of mode {self.mode!r}: {state!r:.80}")
         seen = state.get("seen", [])
+        lent = state.get("lent", [])  # absent in states written before lending existed
         r = state.get("r", self.r)
-        if not isinstance(seen, list | tuple) or not all(
-                isinstance(v, int | float) and math.isfinite(v) for v in seen):
-            raise ValueError("fitness scale state 'seen' must be a list of finite numbers")
+        for name, vals in (("seen", seen), ("lent", lent)):
+            if not isinstance(vals, list | tuple) or not all(
+                    isinstance(v, int | float) and math.isfinite(v) for v in vals):
+                raise ValueError(f"fitness scale state {name!r} must be a list of finite numbers")
         if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
             raise ValueError(f"fitness scale state r must be > 0, got {r!r}")
         if self.mode != "fixed":
             self.r = float(r)
         self._seen = deque((float(v) for v in seen), maxlen=self.window)
+        self._lent = deque((float(v) for v in lent), maxlen=self.min_gaps)

@@ -135,3 +135,25 @@ def test_rejected_result_does_not_enter_the_scale() -> None:
     with pytest.raises(ValueError):
         d.tell(np.zeros(4, np.float32), math.inf, 0.0)
     assert d.scale.state() == before
+
+
+def test_lent_gaps_make_the_scale_ready_early_and_are_left_out_once_it_has_its_own() -> None:
+    """r_lend_rl: gaps that do not set r (RL individuals under r_kinds "es") count towards the scale
+    while it has fewer than min_gaps of its own; a gap judged without lending only waits."""
+    s = FitnessScale("adaptive", window=100, min_gaps=3)
+    assert s.update(10.0, 0.0) is None
+    assert s.judge(500.0, 0.0) is None  # not lent: recorded nowhere, the scale is not ready
+    assert s.judge(-40.0, 0.0, lend=True) is None  # 2 gaps: still too few
+    r = s.judge(30.0, 0.0, lend=True)  # 10, -40, 30: MAD 20 around the median 10
+    assert r == pytest.approx(1.4826 * 20.0)
+    assert not s.ready  # its own gaps are still one
+    # a gap that sets the scale is judged on the mixed spread too while it is short of its own
+    assert s.update(12.0, 0.0) == pytest.approx(1.4826 * 10.0)  # 10, 12, -40, 30: median 11, MAD 10
+    # the state carries the lent gaps; a restarted scale judges as this one does
+    t = FitnessScale("adaptive", window=100, min_gaps=3)
+    t.load_state(s.state())
+    assert t.judge(0.0, 0.0) == pytest.approx(s.judge(0.0, 0.0))
+    assert s.update(14.0, 0.0) == pytest.approx(1.4826 * 2.0)  # own gaps 10, 12, 14: lent ones left out
+    assert s.judge(900.0, 0.0, lend=True) == pytest.approx(1.4826 * 2.0)  # and no more are lent
+    t.load_state({"mode": "adaptive", "r": 1.0, "seen": [1.0]})  # a state from before lending
+    assert t.judge(0.0, 0.0) is None

@@ -541,3 +541,33 @@ def test_rl_actor_moves_mu_by_the_mean_rule_but_leaves_the_variance() -> None:
     for bad in ({"algo": "cemrl", "rl_actor": True}, {"rl_actor": 1}, {"rl_actor": True, "rl_ratio": 0.0}):
         with pytest.raises(ConfigError, match="rl_actor"):
             RunConfig.from_preset("Hopper-v5", **bad).validate()
+
+
+@pytest.mark.parametrize("lend", [False, True])
+def test_rl_gaps_lent_to_the_scale_let_an_early_rl_individual_move_mu(lend) -> None:
+    """r_lend_rl: before the adaptive scale has 5 ES gaps, RL gaps count towards it (r_kinds "es"), so a
+    better RL individual moves μ; without it, μ waits for the ES gaps. The ES gaps alone set r later."""
+    cfg = config("aesrl", initial_steps=0, r_lend_rl=lend)
+    assert cfg.r_kinds == "es"  # aesrl's default: RL gaps do not set r
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(12, steps=0, inflight=0, critic_version=0, now=0.0)
+
+    def rl(spec, gap):
+        ev = evaluated(opt, spec, fitness=100.0 + gap, f_mu=100.0, z=(opt.mean + 0.3).astype(np.float32))
+        ev.kind = "rl"
+        return opt.tell(ev)
+
+    for s, gap in zip(specs[:4], (-30.0, 20.0, -10.0, 40.0), strict=True):
+        assert rl(s, gap).history["p"] == 0.0  # four gaps are too few either way
+    mu = opt.mean.copy()
+    up = rl(specs[4], 60.0)  # 60 above μ: p > 0.5 on the spread of the five lent gaps
+    if lend:
+        assert up.moved and up.history["p"] > 0.5 and up.history["r"] == pytest.approx(1.4826 * 30.0)
+        assert not np.array_equal(opt.mean, mu)
+    else:
+        assert not up.moved and up.history["p"] == 0.0
+        np.testing.assert_array_equal(opt.mean, mu)
+    for s, gap in zip(specs[5:10], (-2.0, 1.0, -1.0, 2.0, 0.0), strict=True):  # five ES gaps: r ≈ 1.5
+        opt.tell(evaluated(opt, s, fitness=100.0 + gap, f_mu=100.0))
+    assert opt.dist.scale.ready and opt.dist.r == pytest.approx(1.4826 * 1.0)  # the lent gaps are left out
+    assert config("aesrl").r_lend_rl is False

@@ -231,7 +231,8 @@ class AesrlOptimizer(OwnsDistribution):
                     rl_var = cfg.rl_var_update and not cfg.rl_actor
                     p, step_i = dist.tell_step(z_i, f_i, f_ref,
                                                var_step=(rl_var or ev.kind != "rl") and not jump,
-                                               scale_step=cfg.r_kinds == "all" or ev.kind != "rl", jump=jump)
+                                               scale_step=cfg.r_kinds == "all" or ev.kind != "rl", jump=jump,
+                                               lend=cfg.r_lend_rl and ev.kind == "rl")
                     step = step_i if step_i is not None else step
                 else:
                     p = dist.tell(z_i, f_i, f_ref)
