@@ -149,6 +149,10 @@ class RunConfig:
     # the points at t = 0.75 587 and 771 (docs/performance.md §3, the eighth sitting). The extra
     # episodes are real steps of the budget. (1.0,) is the paper: z alone.
     rl_line: tuple[float, ...] = (1.0,)
+    # which of those episodes are stored: "all" (steps of the budget, data for the critic), or "best",
+    # the reported point's alone (the others count as interactions, as f(μ) episodes do). On
+    # HalfCheetah "all" makes an RL job 3 000 stored steps, and μ moved 24 times in 100k steps.
+    rl_line_store: str = "all"
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -280,6 +284,8 @@ class RunConfig:
         need(self.rl_line == (1.0,) or (self.algo == "aesrl" and self.rl_ratio > 0), "rl_line",
              f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
              + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
+        need(self.rl_line_store in ("all", "best"), "rl_line_store",
+             f"must be 'all' or 'best', got {self.rl_line_store!r}")
         need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
         need(isinstance(self.r_lend_rl, bool), "r_lend_rl", "must be true or false")
         need(real(self.r_factor) and self.r_factor > 0,

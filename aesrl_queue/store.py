@@ -142,8 +142,8 @@ class Result:
     dist_after: float = math.nan
     rl_trained: int = 0  # RL jobs: actor steps trained (fewer than rl_steps when rl_action_limit stopped it)
     rl_from: int = 0  # rl_actor RL jobs: the stored actor (its count) the job continued; 0 = a fresh sample
-    # rl_line RL jobs: the t of the point μ + t·(z − μ) reported (NaN: z alone), and the stored steps
-    # of the other points' episodes
+    # rl_line RL jobs: the t of the point μ + t·(z − μ) reported (NaN: z alone), and the steps of the
+    # other points' episodes (stored with rl_line_store "all", interactions only with "best")
     rl_t: float = math.nan
     line_len: int = 0
     # antithetic ES jobs (es_antithetic): the return and length of μ − σ·ε (NaN, 0 otherwise)

@@ -144,6 +144,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # report the best of the three: on HalfCheetah at 30k steps (bench/rl_probe.py --interpolate) two
     # trained z scored 313 and 567 with μ at 12, the points at t = 0.75 587 and 771, at 0.5 192 and 360
     "aesrl-line": (["--algo", "aesrl"], {"rl_line": [0.5, 0.75, 1.0]}),
+    # the same, storing the reported point's episode only (the others are interactions, as f(μ) episodes
+    # are): aesrl-line made each HalfCheetah RL job 3 000 stored steps, and μ moved 24 times in 100k
+    "aesrl-line-best": (["--algo", "aesrl"], {"rl_line": [0.5, 0.75, 1.0], "rl_line_store": "best"}),
     # RL gaps count towards the adaptive scale until it has five ES gaps: on HalfCheetah that takes ~10
     # jobs, and RL individuals above μ before then leave it where it is (aesrl-line seed 3: +124 at 32k)
     "aesrl-lend": (["--algo", "aesrl"], {"r_lend_rl": True}),

@@ -251,14 +251,16 @@ def test_action_noise_and_rl_action_limit_end_to_end(cluster, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_path) -> None:
+@pytest.mark.parametrize("line_store", ["all", "best"])
+def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_path, line_store) -> None:
     """rl_actor: every RL job stores the actor it trained, the next one starts from it (so RL jobs start
     ever further from μ, where a fresh sample lies σ·√dim from it), and the critic's target policy is
     that actor, not μ. With rl_line (one run for both): an RL job also evaluates the midpoint between
-    μ and its actor, stores both episodes, and reports the better point as its individual."""
+    μ and its actor, stores both episodes ("all") or the better one's ("best"), and reports the better
+    point as its individual."""
     cfg_file = tmp_path / "actor.toml"
-    cfg_file.write_text(CONFIG + "rl_actor = true\nrl_line = [0.5, 1.0]\n")
-    run = "alg-actor"
+    cfg_file.write_text(CONFIG + f"rl_actor = true\nrl_line = [0.5, 1.0]\nrl_line_store = \"{line_store}\"\n")
+    run = f"alg-actor-{line_store}"
     out = run_scheduler(cluster, "aesrl", run, 3200, "--initial-steps", "400", "--r", "200", config=str(cfg_file))
     check_common(out, 3200)
     store, client = out["store"], cluster["client"]
@@ -277,9 +279,12 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
         gap = float(np.linalg.norm(ind.astype(np.float64) - actor))
         assert gap == pytest.approx(0.5 * last.dist_after, rel=1e-3), (gap, last.dist_after)
     assert all(r.rl_t in (0.5, 1.0) and r.line_len > 0 for r in rl), [(r.rl_t, r.line_len) for r in rl]
-    # every point's episode is stored: the run's steps are the reported episodes plus the other points'
+    # "all": every point's episode is stored, so the run's steps are the reported episodes plus the other
+    # points'; "best": those are interactions only, beside the f(μ) episodes
     ok = [r["res"] for r in out["results"] if r["res"].ok]
-    assert sum(r.length + r.line_len for r in ok) == out["state"]["steps"]
+    stored = sum(r.length + (r.line_len if line_store == "all" else 0) for r in ok)
+    unstored = sum(r.eval_steps + (r.line_len if line_store == "best" else 0) for r in ok)
+    assert (stored, stored + unstored) == (out["state"]["steps"], out["state"]["interactions"])
     # Only jobs that started before the first RL job finished train a fresh sample (two workers: at most
     # two); every later one continues a stored actor, and later jobs newer ones.
     froms = [r.rl_from for r in rl]

@@ -147,6 +147,7 @@ def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
         ("rl_line", (0.5, 0.5)),
         ("rl_line", (0.5, True)),
         ("rl_line", (0.5, math.nan)),
+        ("rl_line_store", "some"),
     ],
 )
 def test_validation_names_the_bad_field(field: str, value) -> None:

@@ -298,9 +298,11 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
                                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs,
                                      action_noise=noise_std, noise_seed=noise_seed), point))
     t_best, ep, z = max(runs, key=lambda run: run[1].returns[0])  # of equal returns, the first in rl_line
-    transitions = ep.transitions
-    if len(runs) > 1:
+    transitions, line_unstored = ep.transitions, 0
+    if len(runs) > 1 and cfg.rl_line_store == "all":
         transitions = {k: np.concatenate([run[1].transitions[k] for run in runs]) for k in ep.transitions}
+    elif len(runs) > 1:  # "best": the other points' episodes are evaluations, interactions only
+        line_unstored = sum(int(run[1].lengths[0]) for run in runs) - int(ep.lengths[0])
     if kind == "rl":
         ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
     fitness, length = float(ep.returns[0]), int(ep.lengths[0])
@@ -336,5 +338,5 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
     fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
                   ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time,
                   **dists, **mirror, **({"f_mu_noise": noise_std} if noise_std else {}))
-    store.finish_job(transitions, base["job"], fields, extra_interactions=eval_steps)
+    store.finish_job(transitions, base["job"], fields, extra_interactions=eval_steps + line_unstored)
     return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}
