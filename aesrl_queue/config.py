@@ -63,6 +63,8 @@ class RunConfig:
     # individuals' (RL individuals are judged on that scale but do not widen it: on Hopper's plateau a
     # window of ES gaps near 0 and RL gaps near −800 has a spread of hundreds, under which an RL
     # individual a few hundred below μ still gets p > 0). "es" is aesrl's default (ALGO_DEFAULTS).
+    # "own": ES individuals on the spread of ES gaps, RL individuals on that of RL gaps (on the plateau
+    # ES gaps shrink to ±1, and an RL individual 15 above μ on one episode got p 0.96)
     r_kinds: str = "all"
     # adaptive r with r_kinds "es": until the scale has its first 5 ES gaps, RL gaps count towards it too,
     # so that RL individuals can move μ from the first results. On HalfCheetah (1000-step episodes, half
@@ -286,7 +288,7 @@ class RunConfig:
              + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
         need(self.rl_line_store in ("all", "best"), "rl_line_store",
              f"must be 'all' or 'best', got {self.rl_line_store!r}")
-        need(self.r_kinds in ("all", "es"), "r_kinds", f"must be 'all' or 'es', got {self.r_kinds!r}")
+        need(self.r_kinds in ("all", "es", "own"), "r_kinds", f"must be 'all', 'es' or 'own', got {self.r_kinds!r}")
         need(isinstance(self.r_lend_rl, bool), "r_lend_rl", "must be true or false")
         need(real(self.r_factor) and self.r_factor > 0,
              "r_factor", f"must be a positive number, got {self.r_factor!r}")

@@ -226,7 +226,8 @@ class AesrlDistribution(AsyncDistribution):
         return self.tell_step(z, f_z, f_mu)[0]
 
     def tell_step(self, z: Any, f_z: float, f_mu: float, var_step: bool = True,
-                  scale_step: bool = True, jump: bool = False, lend: bool = False) -> tuple[float, kernels.StepOut | None]:
+                  scale_step: bool = True, jump: bool = False, lend: bool = False,
+                  r: float | None = None) -> tuple[float, kernels.StepOut | None]:
         """`tell`, also returning the compiled kernel's one-pass outputs (μ', var', σ', changed,
         ||μ' − μ||) when it ran the step, else None: the optimizer hands σ' and the move on to the
         scheduler instead of having them computed a second time.
@@ -239,6 +240,9 @@ class AesrlDistribution(AsyncDistribution):
         to the scale's window (RunConfig.r_kinds = "es": RL gaps do not set r). `lend=True` with it: the
         gap counts towards the scale while it has too few gaps of its own (RunConfig.r_lend_rl).
 
+        `r` judges this individual on that scale instead of the distribution's own, which it leaves
+        alone (RunConfig.r_kinds = "own": RL individuals on the spread of RL gaps).
+
         `jump=True` replaces the mean rule by the (1+1) rule for this individual: μ moves all the way to
         z if it beats f(μ), else not at all, whatever the scale (RunConfig.rl_jump)."""
         fn = kernels.compiled()
@@ -249,13 +253,15 @@ class AesrlDistribution(AsyncDistribution):
             z, f_z, f_mu = plain, _real("f_z", f_z), _real("f_mu", f_mu)  # the kernel checks z is finite
             if self.scale is not None and not np.all(np.isfinite(z)):  # before the scale counts it
                 raise ValueError("z must be finite (and within float32 range)")
-        if self.scale is not None:  # inputs are valid: this result now counts towards the scale
+        if r is not None:
+            r = _real("r", r, positive=True)
+        elif self.scale is not None:  # inputs are valid: this result now counts towards the scale
             r_now = self.scale.update(f_z, f_mu) if scale_step else self.scale.judge(f_z, f_mu, lend=lend)
             self.r = self.scale.r if r_now is None else r_now
             if r_now is None and not jump:  # too few gaps to know their spread: recorded, μ stays
                 return 0.0, None
-        # one-plus-one ignores r; pass a harmless placeholder rather than None.
-        r = 1.0 if self.r is None else self.r
+        if r is None:  # one-plus-one ignores r; pass a harmless placeholder rather than None
+            r = 1.0 if self.r is None else self.r
         p = update_ratio("one-plus-one" if jump else self.mean_rule, f_z, f_mu, r, self.negative_ratio,
                          self.positive_ratio)
         if p == 0.0:

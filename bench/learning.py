@@ -150,6 +150,10 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # RL gaps count towards the adaptive scale until it has five ES gaps: on HalfCheetah that takes ~10
     # jobs, and RL individuals above μ before then leave it where it is (aesrl-line seed 3: +124 at 32k)
     "aesrl-lend": (["--algo", "aesrl"], {"r_lend_rl": True}),
+    # RL individuals judged on the spread of RL gaps, ES ones on that of ES gaps: on Hopper's plateau ES
+    # gaps shrink to ±1 (r 0.1-0.9, aesrl-line seed 3), and RL individuals 5-46 above μ on one episode
+    # got p 0.88-0.99 and moved μ all the way; the last such move took f(μ) from 1055 to ~450
+    "aesrl-r-own": (["--algo", "aesrl"], {"r_kinds": "own"}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),

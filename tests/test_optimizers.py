@@ -571,3 +571,43 @@ def test_rl_gaps_lent_to_the_scale_let_an_early_rl_individual_move_mu(lend) -> N
         opt.tell(evaluated(opt, s, fitness=100.0 + gap, f_mu=100.0))
     assert opt.dist.scale.ready and opt.dist.r == pytest.approx(1.4826 * 1.0)  # the lent gaps are left out
     assert config("aesrl").r_lend_rl is False
+
+
+def test_r_kinds_own_judges_rl_individuals_on_the_spread_of_rl_gaps() -> None:
+    """r_kinds "own": ES gaps set the ES scale and RL gaps an RL scale of their own. On a plateau where ES
+    gaps are ±1 and RL gaps hundreds, an RL individual 40 above μ gets p ≈ 0.5 (with "es": p ≈ 1), and
+    the scale survives a restart."""
+    cfg = config("aesrl", initial_steps=0, r_kinds="own")
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    specs = opt.ask(14, steps=0, inflight=0, critic_version=0, now=0.0)
+
+    def rl(spec, gap):
+        ev = evaluated(opt, spec, fitness=1000.0 + gap, f_mu=1000.0, z=(opt.mean + 0.3).astype(np.float32))
+        ev.kind = "rl"
+        return opt.tell(ev)
+
+    for s, gap in zip(specs[:5], (-1.0, 1.0, 0.0, -1.0, 1.0), strict=True):  # ES gaps: r ≈ 1.5
+        opt.tell(evaluated(opt, s, fitness=1000.0 + gap, f_mu=1000.0))
+    es_r = opt.dist.r
+    assert es_r == pytest.approx(1.4826)
+    # the first RL gaps: too few of their own, judged on the ES scale (the falling ones get p = 0)
+    for s, gap in zip(specs[5:9], (-900.0, -500.0, -700.0, -300.0), strict=True):
+        assert rl(s, gap).history["p"] == 0.0
+    restarted = roundtrip(opt)
+    mu = opt.mean.copy()
+    up = rl(specs[9], 40.0)  # RL gaps -900, -500, -700, -300, 40: median -500, MAD 200
+    r_rl = 1.4826 * 200.0
+    assert up.history["r"] == pytest.approx(r_rl)
+    assert up.history["p"] == pytest.approx((40.0 + r_rl) / (40.0 + 2 * r_rl))  # ≈ 0.53
+    assert not np.array_equal(opt.mean, mu)
+    assert opt.dist.r == pytest.approx(es_r)  # the ES scale is untouched by RL gaps
+    # a restarted scheduler judges the next RL individual on the same RL scale
+    ev = evaluated(restarted, specs[9], fitness=1040.0, f_mu=1000.0, z=(restarted.mean + 0.3).astype(np.float32))
+    ev.kind = "rl"
+    assert restarted.tell(ev).history["r"] == pytest.approx(r_rl)
+    es_only = AesrlOptimizer(config("aesrl", initial_steps=0), mu0(cfg))  # "es": p ≈ 1 for the same gap
+    for s, gap in zip(specs[:5], (-1.0, 1.0, 0.0, -1.0, 1.0), strict=True):
+        es_only.tell(evaluated(es_only, s, fitness=1000.0 + gap, f_mu=1000.0))
+    ev = evaluated(es_only, specs[9], fitness=1040.0, f_mu=1000.0, z=(es_only.mean + 0.3).astype(np.float32))
+    ev.kind = "rl"
+    assert es_only.tell(ev).history["p"] > 0.95

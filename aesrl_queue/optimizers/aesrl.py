@@ -27,6 +27,7 @@ from aesrl_queue import noise
 from aesrl_queue.config import ASYNC_ALGOS, RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
+from aesrl_queue.fitness import FitnessScale
 from aesrl_queue.optimizers.base import Evaluated, JobSpec, OwnsDistribution, Update, finite, job_seed
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,12 @@ class AesrlOptimizer(OwnsDistribution):
         self.cfg = cfg
         self.rl = uses_rl(cfg)
         self.dist = build_distribution(cfg, mu0)
+        # r_kinds "own": RL individuals are judged on the spread of RL gaps, kept here (the distribution's
+        # scale holds ES gaps); until it has its first gaps they are judged on the ES one, as with "es"
+        self.rl_scale = None
+        if cfg.r_kinds == "own" and getattr(self.dist, "scale", None) is not None and self.dist.scale.adapts:
+            self.rl_scale = FitnessScale(self.dist.scale.mode, window=cfg.r_window, factor=cfg.r_factor,
+                                         min_gaps=min(5, cfg.r_window))
         self.controller = RLController(target=cfg.rl_ratio if self.rl else 0.0, gain=cfg.rl_gain,
                                        initial_steps=cfg.initial_steps)
         self.dispatched = 0  # jobs asked so far: job n has seed job_seed(cfg.seed, n)
@@ -205,7 +212,7 @@ class AesrlOptimizer(OwnsDistribution):
         scale = getattr(dist, "scale", None)
         told = not (ev.random and scale is not None and scale.mode == "adaptive")
         mean_before, version_before = dist.mean, dist.version
-        step = None
+        step = r_own = None
         p = p_loser = 0.0
         # the individuals to tell: one, or an antithetic pair, the worse first (under the default rules
         # it leaves μ where it is; the better one then moves μ from there)
@@ -229,10 +236,12 @@ class AesrlOptimizer(OwnsDistribution):
                     jump = cfg.rl_jump and ev.kind == "rl"  # a jump says nothing of the spread of samples
                     # nor does a persistent actor's distance from μ (rl_actor)
                     rl_var = cfg.rl_var_update and not cfg.rl_actor
+                    if self.rl_scale is not None and ev.kind == "rl":
+                        r_own = self.rl_scale.update(f_i, f_ref)
                     p, step_i = dist.tell_step(z_i, f_i, f_ref,
                                                var_step=(rl_var or ev.kind != "rl") and not jump,
                                                scale_step=cfg.r_kinds == "all" or ev.kind != "rl", jump=jump,
-                                               lend=cfg.r_lend_rl and ev.kind == "rl")
+                                               lend=cfg.r_lend_rl and ev.kind == "rl", r=r_own)
                     step = step_i if step_i is not None else step
                 else:
                     p = dist.tell(z_i, f_i, f_ref)
@@ -250,7 +259,7 @@ class AesrlOptimizer(OwnsDistribution):
         if moved:
             std = step.std if step is not None else noise._scale(dist.mean, dist.var)[1]
         sigma = self._sigma_stats(std)
-        r_used = getattr(dist, "r", None)
+        r_used = r_own if r_own is not None else getattr(dist, "r", None)
         entry = {"job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
                  "version": dist.version, "p": p, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length, "t": now,
                  "worker": ev.worker, "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3],
@@ -300,7 +309,8 @@ class AesrlOptimizer(OwnsDistribution):
         return {"algo": self.cfg.algo, "dist": self.dist.state(arrays=False), "controller": self.controller.state(),
                 "dispatched": self.dispatched, "f_mu": self.f_mu, "f_mu_version": self.f_mu_version,
                 "best": self.best, "best_kept": self.best_kept, "recent_lens": list(self.recent_lens),
-                "told": self.told, "last_p": dict(self.last_p)}
+                "told": self.told, "last_p": dict(self.last_p),
+                **({"rl_scale": self.rl_scale.state()} if self.rl_scale is not None else {})}
 
     def load_state(self, state: dict[str, Any]) -> AesrlOptimizer:
         """Restore `state()` plus "mean" and "var" (the arrays of its version); returns self."""
@@ -315,5 +325,7 @@ class AesrlOptimizer(OwnsDistribution):
         self.recent_lens = deque((int(x) for x in state["recent_lens"]), maxlen=self.cfg.rl_steps_window)
         self.told = int(state["told"])
         self.last_p = {str(k): float(v) for k, v in state.get("last_p", {}).items()}
+        if self.rl_scale is not None and "rl_scale" in state:
+            self.rl_scale.load_state(state["rl_scale"])
         self._sigma = None
         return self
