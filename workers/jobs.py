@@ -287,9 +287,9 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
     # meets the same draws (noise_seed), so the gap between them is the policies', not the noise's
     noise_std = cfg.action_noise if kind == "es" and not random_actions else 0.0
     noise_seed = seed % (2**63)
-    # rl_line: an RL job evaluates points μ + t·(z − μ), every one from the same start state, stores
-    # all their episodes and reports the best point as its individual
-    line = tuple(cfg.rl_line) if kind == "rl" and tuple(cfg.rl_line) != (1.0,) else (1.0,)
+    # rl_line: an RL job evaluates points μ + t·(z − μ), every one from the same start state, and reports
+    # the best point as its individual; rl_line_store says whether the others' episodes are stored
+    line = cfg.rl_line if kind == "rl" else (1.0,)
     runs = []  # (t, episode, parameters) per point
     for t in line:
         point = z if t == 1.0 else (mu + t * (z.astype(np.float64) - mu)).astype(z.dtype)
@@ -298,17 +298,17 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
                                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs,
                                      action_noise=noise_std, noise_seed=noise_seed), point))
     t_best, ep, z = max(runs, key=lambda run: run[1].returns[0])  # of equal returns, the first in rl_line
-    transitions, line_unstored = ep.transitions, 0
-    if len(runs) > 1 and cfg.rl_line_store == "all":
-        transitions = {k: np.concatenate([run[1].transitions[k] for run in runs]) for k in ep.transitions}
-    elif len(runs) > 1:  # "best": the other points' episodes are evaluations, interactions only
-        line_unstored = sum(int(run[1].lengths[0]) for run in runs) - int(ep.lengths[0])
     if kind == "rl":
         ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
     fitness, length = float(ep.returns[0]), int(ep.lengths[0])
-    mirror = {}
+    transitions, mirror, line_unstored = ep.transitions, {}, 0
     if len(runs) > 1:
-        dists.update(rl_t=float(t_best), line_len=sum(int(run[1].lengths[0]) for run in runs) - length)
+        line_len = sum(int(run[1].lengths[0]) for run in runs) - length  # the other points' episodes
+        dists.update(rl_t=float(t_best), line_len=line_len)
+        if cfg.rl_line_store == "all":
+            transitions = {k: np.concatenate([run[1].transitions[k] for run in runs]) for k in ep.transitions}
+        else:  # "best": the other points' episodes are evaluations, interactions only
+            line_unstored = line_len
     f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
     if kind == "es" and cfg.es_antithetic and not random_actions:
         # The antithetic individual μ − σ·ε from the same start state, stored as well: the pair's
