@@ -246,6 +246,11 @@ class RunConfig:
         def integer(val: Any) -> bool:  # an int, not a bool
             return isinstance(val, int) and not isinstance(val, bool)
 
+        def rl_jobs_only(name: str, used: bool) -> None:  # a field that only aesrl's RL jobs give a meaning
+            need(not used or (self.algo == "aesrl" and self.rl_ratio > 0), name,
+                 f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
+                 + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
+
         need(isinstance(self.env_id, str) and bool(self.env_id), "env_id", "must name a gymnasium environment")
         need(self.algo in ALGOS, "algo", f"{self.algo!r} is not one of {', '.join(ALGOS)}")
         need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
@@ -265,9 +270,7 @@ class RunConfig:
              f"must be a number from 0 to 1 (a fraction of the action bound), got {self.action_noise!r}")
         # the run's f(μ) then comes from RL jobs alone, and an ES individual needs its own paired,
         # equally noisy f(μ) episode to be compared with
-        need(not self.action_noise or (self.algo == "aesrl" and self.rl_ratio > 0), "action_noise",
-             f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
-             + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
+        rl_jobs_only("action_noise", bool(self.action_noise))
         need(not self.action_noise or (self.mean_eval_paired and not self.es_antithetic), "action_noise",
              "needs mean_eval_paired = true and es_antithetic = false (a noisy ES individual is compared "
              "with μ under the same noise, from its own paired episode)")
@@ -277,15 +280,11 @@ class RunConfig:
         need(isinstance(self.rl_jump, bool), "rl_jump", "must be true or false")
         need(not self.rl_jump or self.algo == "aesrl", "rl_jump", f"applies to --algo aesrl, not {self.algo!r}")
         need(isinstance(self.rl_actor, bool), "rl_actor", "must be true or false")
-        need(not self.rl_actor or (self.algo == "aesrl" and self.rl_ratio > 0), "rl_actor",
-             f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
-             + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
+        rl_jobs_only("rl_actor", self.rl_actor)
         need(isinstance(self.rl_line, tuple) and 1 <= len(self.rl_line) <= 8
              and all(real(t) and 0 < t <= 2 for t in self.rl_line) and len(set(self.rl_line)) == len(self.rl_line),
              "rl_line", f"must be 1-8 distinct numbers in (0, 2] (points μ + t·(z − μ)), got {self.rl_line!r}")
-        need(self.rl_line == (1.0,) or (self.algo == "aesrl" and self.rl_ratio > 0), "rl_line",
-             f"applies to --algo aesrl with RL jobs (rl_ratio > 0), not {self.algo!r}"
-             + (f" with rl_ratio {self.rl_ratio}" if self.algo == "aesrl" else ""))
+        rl_jobs_only("rl_line", self.rl_line != (1.0,))
         need(self.rl_line_store in ("all", "best"), "rl_line_store",
              f"must be 'all' or 'best', got {self.rl_line_store!r}")
         need(self.r_kinds in ("all", "es", "own"), "r_kinds", f"must be 'all', 'es' or 'own', got {self.r_kinds!r}")
