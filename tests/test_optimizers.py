@@ -49,6 +49,13 @@ def evaluated(opt, spec: dict, fitness: float, f_mu: float = math.nan, length: i
                      random=spec.get("random", False), ind=f"ind:{spec['n']}" if spec["kind"] == "rl" else "")
 
 
+def tell_rl(opt, spec: dict, gap: float, f_mu: float):
+    """Tell `opt` an RL individual 0.3 from its μ in every coordinate, `gap` above f_mu."""
+    ev = evaluated(opt, spec, fitness=f_mu + gap, f_mu=f_mu, z=(opt.mean + 0.3).astype(np.float32))
+    ev.kind = "rl"
+    return opt.tell(ev)
+
+
 def roundtrip(opt):
     """What a restart sees: the state through msgpack, μ/var as dist:{version} holds them."""
     state = codec.unpack(codec.pack(opt.state()), what="state")
@@ -551,16 +558,10 @@ def test_rl_gaps_lent_to_the_scale_let_an_early_rl_individual_move_mu(lend) -> N
     assert cfg.r_kinds == "es"  # aesrl's default: RL gaps do not set r
     opt = AesrlOptimizer(cfg, mu0(cfg))
     specs = opt.ask(12, steps=0, inflight=0, critic_version=0, now=0.0)
-
-    def rl(spec, gap):
-        ev = evaluated(opt, spec, fitness=100.0 + gap, f_mu=100.0, z=(opt.mean + 0.3).astype(np.float32))
-        ev.kind = "rl"
-        return opt.tell(ev)
-
     for s, gap in zip(specs[:4], (-30.0, 20.0, -10.0, 40.0), strict=True):
-        assert rl(s, gap).history["p"] == 0.0  # four gaps are too few either way
+        assert tell_rl(opt, s, gap, 100.0).history["p"] == 0.0  # four gaps are too few either way
     mu = opt.mean.copy()
-    up = rl(specs[4], 60.0)  # 60 above μ: p > 0.5 on the spread of the five lent gaps
+    up = tell_rl(opt, specs[4], 60.0, 100.0)  # 60 above μ: p > 0.5 on the spread of the five lent gaps
     if lend:
         assert up.moved and up.history["p"] > 0.5 and up.history["r"] == pytest.approx(1.4826 * 30.0)
         assert not np.array_equal(opt.mean, mu)
@@ -580,34 +581,24 @@ def test_r_kinds_own_judges_rl_individuals_on_the_spread_of_rl_gaps() -> None:
     cfg = config("aesrl", initial_steps=0, r_kinds="own")
     opt = AesrlOptimizer(cfg, mu0(cfg))
     specs = opt.ask(14, steps=0, inflight=0, critic_version=0, now=0.0)
-
-    def rl(spec, gap):
-        ev = evaluated(opt, spec, fitness=1000.0 + gap, f_mu=1000.0, z=(opt.mean + 0.3).astype(np.float32))
-        ev.kind = "rl"
-        return opt.tell(ev)
-
     for s, gap in zip(specs[:5], (-1.0, 1.0, 0.0, -1.0, 1.0), strict=True):  # ES gaps: r ≈ 1.5
         opt.tell(evaluated(opt, s, fitness=1000.0 + gap, f_mu=1000.0))
     es_r = opt.dist.r
     assert es_r == pytest.approx(1.4826)
     # the first RL gaps: too few of their own, judged on the ES scale (the falling ones get p = 0)
     for s, gap in zip(specs[5:9], (-900.0, -500.0, -700.0, -300.0), strict=True):
-        assert rl(s, gap).history["p"] == 0.0
+        assert tell_rl(opt, s, gap, 1000.0).history["p"] == 0.0
     restarted = roundtrip(opt)
     mu = opt.mean.copy()
-    up = rl(specs[9], 40.0)  # RL gaps -900, -500, -700, -300, 40: median -500, MAD 200
+    up = tell_rl(opt, specs[9], 40.0, 1000.0)  # RL gaps -900, -500, -700, -300, 40: median -500, MAD 200
     r_rl = 1.4826 * 200.0
     assert up.history["r"] == pytest.approx(r_rl)
     assert up.history["p"] == pytest.approx((40.0 + r_rl) / (40.0 + 2 * r_rl))  # ≈ 0.53
     assert not np.array_equal(opt.mean, mu)
     assert opt.dist.r == pytest.approx(es_r)  # the ES scale is untouched by RL gaps
     # a restarted scheduler judges the next RL individual on the same RL scale
-    ev = evaluated(restarted, specs[9], fitness=1040.0, f_mu=1000.0, z=(restarted.mean + 0.3).astype(np.float32))
-    ev.kind = "rl"
-    assert restarted.tell(ev).history["r"] == pytest.approx(r_rl)
+    assert tell_rl(restarted, specs[9], 40.0, 1000.0).history["r"] == pytest.approx(r_rl)
     es_only = AesrlOptimizer(config("aesrl", initial_steps=0), mu0(cfg))  # "es": p ≈ 1 for the same gap
     for s, gap in zip(specs[:5], (-1.0, 1.0, 0.0, -1.0, 1.0), strict=True):
         es_only.tell(evaluated(es_only, s, fitness=1000.0 + gap, f_mu=1000.0))
-    ev = evaluated(es_only, specs[9], fitness=1040.0, f_mu=1000.0, z=(es_only.mean + 0.3).astype(np.float32))
-    ev.kind = "rl"
-    assert es_only.tell(ev).history["p"] > 0.95
+    assert tell_rl(es_only, specs[9], 40.0, 1000.0).history["p"] > 0.95
