@@ -154,6 +154,14 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # gaps shrink to ±1 (r 0.1-0.9, aesrl-line seed 3), and RL individuals 5-46 above μ on one episode
     # got p 0.88-0.99 and moved μ all the way; the last such move took f(μ) from 1055 to ~450
     "aesrl-r-own": (["--algo", "aesrl"], {"r_kinds": "own"}),
+    # CEM-RL's two settings that differ most from aesrl's, one at a time, on the default rules (r_kinds
+    # "es"): RL individuals trained for the paper's 10 000 actor steps (CEM-RL's RL members make as many),
+    # and ES individuals never nearer μ than σ 0.03 (CEM-RL's damping keeps its members at 0.02-0.03,
+    # aesrl's floor lets them shrink to 0.003). CEM-RL leaves Hopper's stand-still plateau on two seeds
+    # of three after 50k steps; the default never does. aesrl-rl10k and aesrl-floor1e-3 measured the
+    # same settings under r_kinds "all", where RL individuals far below μ still moved it
+    "aesrl-rl10k-es": (["--algo", "aesrl"], {"rl_steps_max": 10_000}),
+    "aesrl-floor-es": (["--algo", "aesrl"], {"var_floor": 1e-3}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
     "es-mu-episode": (["--algo", "es"], {"es_antithetic": False, "positive_ratio": 1.0, "var_init": 1e-3,
                                          "var_floor": 1e-3}),
