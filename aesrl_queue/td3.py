@@ -112,8 +112,17 @@ def critic_update(
     return {"loss": loss, "q1_mean": q1_mean}
 
 
-def _actor_step(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
-    loss = -critic.q1(obs, actor(obs)).mean()
+def _actor_step(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimizer, obs: torch.Tensor,
+                anchor: tuple[float, nn.Module, float] | None = None) -> torch.Tensor:
+    act = actor(obs)
+    q = critic.q1(obs, act)
+    if anchor is None:
+        loss = -q.mean()
+    else:  # (α, the starting actor, max_action): TD3+BC's normalised Q plus a pull back to the start
+        alpha, start, max_action = anchor
+        with torch.no_grad():
+            ref = start(obs)
+        loss = -alpha * q.mean() / q.abs().mean().detach().clamp_min(1e-6) + (((act - ref) / max_action) ** 2).mean()
     params = [p for p in actor.parameters() if p.requires_grad]
     # Gradients w.r.t. the actor only: nothing accumulates on the critic, whether or not its
     # parameters require grad, and autograd skips the critic's weight gradients entirely.
@@ -146,6 +155,7 @@ def train_actor(
     device: str | torch.device = "cpu",
     max_action_change: float = 0.0,
     info: dict | None = None,
+    anchor: float = 0.0,
 ) -> np.ndarray:
     """Train an actor from flat_params against a fixed critic's Q1 with a fresh Adam (an RL job).
 
@@ -157,21 +167,30 @@ def train_actor(
     first steps at lr 1e-3 move a 256-256 actor's actions by tenths of the bound, so the check is
     per step). `info`, when given, receives "steps" (the steps kept) and "action_change" (their
     change).
+
+    anchor = α > 0 keeps the actor near where it started, on the states it trains on (TD3+BC's actor
+    loss with the starting actor's actions in place of the data's): each step minimises
+    −α·Q1(s, π(s)) / mean|Q1| + mean((π(s) − π₀(s))² / max_action²). The Q term is normalised, so α
+    weighs the critic's relative promise against the squared action change whatever the reward units;
+    the smaller α, the nearer the start the actor stays.
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     if not (math.isfinite(max_action_change) and max_action_change >= 0):
         raise ValueError(f"max_action_change must be >= 0, got {max_action_change}")
+    if not (math.isfinite(anchor) and anchor >= 0):
+        raise ValueError(f"anchor must be >= 0, got {anchor}")
     device = torch.device(device)
     actor = spec.make_actor()
     set_flat(actor, flat_params)
     actor.to(device)
     critic.to(device)
     start = None
-    if max_action_change > 0:
+    if max_action_change > 0 or anchor > 0:
         start = spec.make_actor()
         set_flat(start, flat_params)
-        start.to(device)
+        start.to(device).requires_grad_(False)
+    pull = (anchor, start, spec.max_action) if anchor > 0 else None
     opt = torch.optim.Adam(actor.parameters(), lr=lr)
     loss = None
     kept, change = 0, 0.0
@@ -187,11 +206,11 @@ def train_actor(
                 f"sample_obs({batch_size}) returned shape {tuple(obs_t.shape)}, expected (N, {spec.obs_dim})"
             )
         # the parameters before this step, as tensors on the device (no copy to numpy per step)
-        before = [p.detach().clone() for p in actor.parameters()] if start is not None else None
-        loss = _actor_step(actor, critic, opt, obs_t)
+        before = [p.detach().clone() for p in actor.parameters()] if max_action_change > 0 else None
+        loss = _actor_step(actor, critic, opt, obs_t, pull)
         if step == 0:
             log.debug("train_actor: first loss %.4g", float(loss))
-        if start is not None:
+        if max_action_change > 0:
             step_change = action_change(actor, start, obs_t, spec.max_action)
             if step_change > max_action_change:
                 with torch.no_grad():  # out of the region: undo this step and stop

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--settings", default="2000:1e-3,2000:3e-4,500:1e-3,200:1e-3",
-                    help="actor steps:learning rate pairs to train with")
+                    help="actor steps:learning rate[:anchor α] to train with (α: rl_anchor, 0 = none)")
     ap.add_argument("--samples", type=int, default=2, help="individuals drawn per setting")
     ap.add_argument("--action-change", action="store_true",
                     help="print how far fresh-Adam steps move an individual's actions (see --lrs, --steps)")
@@ -126,27 +126,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'μ (reference)':>25} | {0.0:>8.1f} | {q_mu:>8.2f} | {0.0:>8.2f} | {ret_mu:>7.0f} | {0.0:>7.0f} | "
           f"{len_mu:>6.0f} | {'':>7}")
     for item in args.settings.split(","):
-        steps, lr = int(item.split(":")[0]), float(item.split(":")[1])
+        parts = item.split(":")
+        steps, lr, alpha = int(parts[0]), float(parts[1]), float(parts[2]) if len(parts) > 2 else 0.0
+        name = f"RL {steps} steps, lr {lr:g}" + (f", α {alpha:g}" if alpha else "")
         for i in range(args.samples):
             seed = 1000 + i
             t0 = time.monotonic()
-            zt = train_like_rl_job(tspec, critic, obs, noise.sample(mu, var, seed), seed, steps, lr, cfg.batch_size)
+            zt = train_like_rl_job(tspec, critic, obs, noise.sample(mu, var, seed), seed, steps, lr, cfg.batch_size,
+                                   anchor=alpha)
             secs = time.monotonic() - t0
             qz, (ret, length) = q(zt), returns(zt)
-            print(f"{f'RL {steps} steps, lr {lr:g}':>25} | {np.linalg.norm(zt - mu):>8.1f} | {qz:>8.2f} | "
+            print(f"{name:>25} | {np.linalg.norm(zt - mu):>8.1f} | {qz:>8.2f} | "
                   f"{qz - q_mu:>8.2f} | {ret:>7.0f} | {ret - ret_mu:>7.0f} | {length:>6.0f} | {secs:>7.1f}", flush=True)
     return 0
 
 
 def train_like_rl_job(tspec: NetSpec, critic, obs: np.ndarray, z: np.ndarray, seed: int, steps: int, lr: float,
-                      batch_size: int) -> np.ndarray:
+                      batch_size: int, anchor: float = 0.0) -> np.ndarray:
     """z trained as an RL job trains it: `steps` fresh-Adam steps at `lr` against the frozen critic,
-    on batches of replay states drawn from `seed`."""
+    on batches of replay states drawn from `seed` (anchor: rl_anchor's α)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return train_actor(z, tspec, critic, lambda n: obs[torch.randint(len(obs), (n,), generator=gen).numpy()],
-                           steps=steps, batch_size=batch_size, lr=lr)
+                           steps=steps, batch_size=batch_size, lr=lr, anchor=anchor)
 
 
 def torch_actor(tspec: NetSpec, params: np.ndarray) -> torch.nn.Module:

@@ -173,6 +173,33 @@ def test_train_actor_stops_at_its_trust_region_with_the_last_parameters_inside_i
         train_actor(flat, SPEC, critic, lambda n: obs, steps=1, max_action_change=-1.0)
 
 
+def test_train_actor_anchor_keeps_the_actions_near_the_start_and_still_climbs_q():
+    """anchor α: the smaller α, the less the actions move from the starting actor's on the training
+    states, and Q1 still rises; without it the same steps move them further."""
+    from aesrl_queue.td3 import action_change
+
+    critic = SPEC.make_critic().requires_grad_(False)
+    flat = SPEC.init_actor_params(seed=0)
+    obs = torch.from_numpy(np.random.default_rng(1).normal(size=(64, SPEC.obs_dim)).astype(np.float32))
+    start = SPEC.make_actor()
+    set_flat(start, flat)
+    with torch.no_grad():
+        q0 = critic.q1(obs, start(obs)).mean().item()
+
+    def after(alpha):
+        actor = SPEC.make_actor()
+        set_flat(actor, train_actor(flat, SPEC, critic, lambda n: obs, steps=300, batch_size=64, lr=1e-3,
+                                    anchor=alpha))
+        with torch.no_grad():
+            return action_change(actor, start, obs, SPEC.max_action), critic.q1(obs, actor(obs)).mean().item()
+
+    (free_move, free_q), (loose_move, loose_q), (tight_move, tight_q) = after(0.0), after(1.0), after(0.05)
+    assert tight_move < loose_move < free_move, (tight_move, loose_move, free_move)
+    assert q0 < tight_q and q0 < loose_q <= free_q
+    with pytest.raises(ValueError, match="anchor"):
+        train_actor(flat, SPEC, critic, lambda n: obs, steps=1, anchor=-1.0)
+
+
 def test_td3_agent_policy_delay():
     agent = TD3Agent(SPEC, policy_freq=2)
     batch = _batch()
