@@ -104,11 +104,6 @@ class RunConfig:
     # about actions near those in the replay; beyond them its gradient leads into its own errors
     # (Hopper: trained individuals 15 from μ in parameter norm, rated above μ, fell)
     rl_action_limit: float = 0.0
-    # a softer hold on the same thing: α > 0 trains RL jobs on TD3+BC's actor loss with the starting
-    # individual's actions in place of the data's, −α·Q1/mean|Q1| + mean squared action change (a
-    # fraction of the bound), so the actor climbs the critic only as far as it stays near the start;
-    # 0 = the paper's −Q1 (docs/algorithms.md)
-    rl_anchor: float = 0.0
     critic_chunk: int = 1000  # critic steps between publications
     # the most stored steps the critic may trail (its steps against the replay's) before the scheduler
     # holds new jobs after the random phase, so that RL jobs train against a critic that has seen the
@@ -281,8 +276,6 @@ class RunConfig:
              "with μ under the same noise, from its own paired episode)")
         need(real(self.rl_action_limit) and self.rl_action_limit >= 0, "rl_action_limit",
              f"must be a number >= 0 (a fraction of the action bound; 0 = no limit), got {self.rl_action_limit!r}")
-        need(real(self.rl_anchor) and self.rl_anchor >= 0, "rl_anchor",
-             f"must be a number >= 0 (the weight α of the critic's term; 0 = no anchor), got {self.rl_anchor!r}")
         need(isinstance(self.rl_var_update, bool), "rl_var_update", "must be true or false")
         need(isinstance(self.rl_jump, bool), "rl_jump", "must be true or false")
         need(not self.rl_jump or self.algo == "aesrl", "rl_jump", f"applies to --algo aesrl, not {self.algo!r}")

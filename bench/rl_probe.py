@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--settings", default="2000:1e-3,2000:3e-4,500:1e-3,200:1e-3",
-                    help="actor steps:learning rate[:anchor α] to train with (α: rl_anchor, 0 = none)")
+                    help="actor steps:learning rate[:anchor α] to train with (α > 0: train_actor's anchor, the actor loss held near the sample's actions)")
     ap.add_argument("--samples", type=int, default=2, help="individuals drawn per setting")
     ap.add_argument("--action-change", action="store_true",
                     help="print how far fresh-Adam steps move an individual's actions (see --lrs, --steps)")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 def train_like_rl_job(tspec: NetSpec, critic, obs: np.ndarray, z: np.ndarray, seed: int, steps: int, lr: float,
                       batch_size: int, anchor: float = 0.0) -> np.ndarray:
     """z trained as an RL job trains it: `steps` fresh-Adam steps at `lr` against the frozen critic,
-    on batches of replay states drawn from `seed` (anchor: rl_anchor's α)."""
+    on batches of replay states drawn from `seed` (anchor: train_actor's α)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

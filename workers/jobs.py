@@ -274,7 +274,7 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
             trained: dict = {}
             z = train_actor(z, ctx.torch_spec(), critic, lambda n: ctx.mirror.sample(n, generator=gen)["obs"],
                             steps=max(1, rl_steps), batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device,
-                            max_action_change=cfg.rl_action_limit, info=trained, anchor=cfg.rl_anchor)
+                            max_action_change=cfg.rl_action_limit, info=trained)
         dists["rl_trained"] = int(trained["steps"])
         dists["dist_after"] = float(np.linalg.norm(np.asarray(z, dtype=np.float64) - mu))
         if not np.all(np.isfinite(z)):
