@@ -91,6 +91,11 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # members learned to hop (single episodes to 2895 at 60k); aesrl's sharp selection of one result at
     # a time finds standing (1000) by 20-30k and stays there
     "acemrl": (["--algo", "acemrl"], {}),
+    # the paper's p_positive (Eq. 10) at 0.25: μ moves at most a quarter of the way to any individual.
+    # On Hopper aesrl's μ stands by 20-30k: ES individuals that stay up longer than μ are many r above
+    # it and move μ with p 0.8-0.9, where CEM-RL's μ, a share of the way to a generation's best half,
+    # stayed a policy that hops and falls until its RL members learned to hop (docs/performance.md §3)
+    "aesrl-pp25": (["--algo", "aesrl"], {"positive_ratio": 0.25}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
                                      {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
@@ -160,12 +165,13 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # gaps shrink to ±1 (r 0.1-0.9, aesrl-line seed 3), and RL individuals 5-46 above μ on one episode
     # got p 0.88-0.99 and moved μ all the way; the last such move took f(μ) from 1055 to ~450
     "aesrl-r-own": (["--algo", "aesrl"], {"r_kinds": "own"}),
-    # CEM-RL's two settings that differ most from aesrl's, one at a time, on the default rules (r_kinds
-    # "es"): RL individuals trained for the paper's 10 000 actor steps (CEM-RL's RL members make as many),
-    # and ES individuals never nearer μ than σ 0.03 (CEM-RL's damping keeps its members at 0.02-0.03,
-    # aesrl's floor lets them shrink to 0.003). CEM-RL leaves Hopper's stand-still plateau on two seeds
-    # of three after 50k steps; the default never does. aesrl-rl10k and aesrl-floor1e-3 measured the
-    # same settings under r_kinds "all", where RL individuals far below μ still moved it
+    # two CEM-RL settings that differ from aesrl's, one at a time, on the default rules (r_kinds "es"): RL
+    # individuals trained for the paper's 10 000 actor steps (CEM-RL's RL members train up to as many),
+    # and ES individuals never nearer μ than σ 0.03 (CEM-RL's damping and elite spread kept its members
+    # at σ 0.008-0.017 on Hopper, aesrl's floor lets them shrink to 0.003). CEM-RL leaves Hopper's
+    # stand-still plateau on two seeds of three after 50k steps; the default never does. aesrl-rl10k and
+    # aesrl-floor1e-3 measured the same settings under r_kinds "all", where RL individuals far below μ
+    # still moved it
     "aesrl-rl10k-es": (["--algo", "aesrl"], {"rl_steps_max": 10_000}),
     "aesrl-floor-es": (["--algo", "aesrl"], {"var_floor": 1e-3}),
     # Pendulum-v1: ES alone with one paired μ episode per job (the es default before antithetic jobs)
