@@ -7,6 +7,10 @@ prints for each: the distance it moved from μ, the critic's mean Q(s, actor(s))
 its mean return over fixed start states. The reference row is μ itself. A critic that rates the
 trained actors above μ while their returns fall below it is a critic that RL jobs cannot climb.
 
+A setting may carry a third field, α (`2000:1e-3:0.3`): the individual then trains on TD3+BC's actor
+loss with its own starting actions as the reference (`td3.train_actor`'s anchor), −α·Q1/mean|Q1| plus
+the mean squared change of its actions, so it climbs the critic only as far as it stays near its start.
+
 With --action-change it prints instead how far an RL job's actions move from the sampled
 individual's: for each actor learning rate and number of fresh-Adam steps, the root mean square
 change of the actions on replay states (a fraction of the action bound, what `rl_action_limit`
@@ -17,7 +21,7 @@ actor_lr) and prints the return of the policies between μ and each, μ + t·(z 
 mean rules move μ to such a point with t = p, and two policies 10-20 apart in parameters need not
 have good policies between them (what `rl_jump` avoids).
 
-Usage: python bench/rl_probe.py RUN_FOLDER [--run-id ID] [--settings 2000:1e-3,500:1e-3] [--samples 2]
+Usage: python bench/rl_probe.py RUN_FOLDER [--run-id ID] [--settings 2000:1e-3,500:1e-3,2000:1e-3:0.3] [--samples 2]
        python bench/rl_probe.py RUN_FOLDER --action-change [--lrs 1e-3,1e-4] [--steps 1,5,25]
        python bench/rl_probe.py RUN_FOLDER --interpolate [--samples 3] [--ts 0,0.25,0.5,0.75,1]
 (RUN_FOLDER: e.g. bench/results/learning/Hopper-v5/aesrl-s2; the run id defaults to its name)
