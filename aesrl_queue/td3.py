@@ -122,7 +122,8 @@ def _actor_step(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimiz
         alpha, start, max_action = anchor
         with torch.no_grad():
             ref = start(obs)
-        loss = -alpha * q.mean() / q.abs().mean().detach().clamp_min(1e-6) + (((act - ref) / max_action) ** 2).mean()
+        q_scale = q.abs().mean().detach().clamp_min(1e-6)
+        loss = -alpha * q.mean() / q_scale + (((act - ref) / max_action) ** 2).mean()
     params = [p for p in actor.parameters() if p.requires_grad]
     # Gradients w.r.t. the actor only: nothing accumulates on the critic, whether or not its
     # parameters require grad, and autograd skips the critic's weight gradients entirely.

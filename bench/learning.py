@@ -87,9 +87,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "opo": (["--algo", "opo"], {}),
     # the paper's asynchronous, rank-based CEM on the same runtime (Table 2): μ moves a tenth of the way
     # to the weighted mean of the best 5 of the last 10 individuals. CEM-RL's μ on Hopper (seed 2,
-    # a diagnostic rerun) stayed a policy that hops and falls (f(μ) 400-700) for 60k steps while its RL
-    # members learned to hop (single episodes to 2895 at 60k); aesrl's sharp selection of one result at
-    # a time finds standing (1000) by 20-30k and stays there
+    # a diagnostic rerun) stayed a policy that hops and falls (f(μ) 375-711) for 60k steps while its RL
+    # members learned to hop (single episodes to 2895 over 60-70k); aesrl's sharp selection of one
+    # result at a time finds standing (1000) by 20-30k and stays there
     "acemrl": (["--algo", "acemrl"], {}),
     # the paper's p_positive (Eq. 10) at 0.25: μ moves at most a quarter of the way to any individual.
     # On Hopper aesrl's μ stands by 20-30k: ES individuals that stay up longer than μ are many r above

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--settings", default="2000:1e-3,2000:3e-4,500:1e-3,200:1e-3",
-                    help="actor steps:learning rate[:anchor α] to train with (α > 0: train_actor's anchor, the actor loss held near the sample's actions)")
+                    help="actor steps:learning rate[:anchor α] to train with (α > 0: train_actor's anchor, "
+                         "the actor loss held near the sample's actions)")
     ap.add_argument("--samples", type=int, default=2, help="individuals drawn per setting")
     ap.add_argument("--action-change", action="store_true",
                     help="print how far fresh-Adam steps move an individual's actions (see --lrs, --steps)")
