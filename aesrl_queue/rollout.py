@@ -83,6 +83,19 @@ def _episode_limit(env: gym.Env) -> int | None:
     return limit
 
 
+def alive_bonus(env_id: str, **env_kwargs: Any) -> float:
+    """The reward an environment pays per step for staying alive (0 where it pays none).
+
+    Gymnasium's MuJoCo locomotion tasks keep it as `_healthy_reward` (Hopper, Walker2d, Ant: 1,
+    Humanoid: 5, or the healthy_reward keyword they were made with)."""
+    value = getattr(get_env(env_id, **env_kwargs).unwrapped, "_healthy_reward", 0.0)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if np.isfinite(value) and value > 0 else 0.0
+
+
 def env_dims(env_id: str, **env_kwargs: Any) -> tuple[int, int, float, int]:
     """(obs_dim, act_dim, max_action, max_episode_steps) of an environment.
 

@@ -96,6 +96,10 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # it and move μ with p 0.8-0.9, where CEM-RL's μ, a share of the way to a generation's best half,
     # stayed a policy that hops and falls until its RL members learned to hop (docs/performance.md §3)
     "aesrl-pp25": (["--algo", "aesrl"], {"positive_ratio": 0.25}),
+    # returns judged without the survival bonus (fitness_shift "alive": 1 per step on Hopper, 0 on
+    # HalfCheetah), as random-search methods for locomotion train: standing still for 1 000 steps then
+    # scores what it moved forward, not 1 000, and no longer beats every policy that hops and falls
+    "aesrl-alive": (["--algo", "aesrl"], {"fitness_shift": "alive"}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
                                      {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay

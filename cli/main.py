@@ -18,7 +18,16 @@ from pathlib import Path
 import click
 
 from aesrl_queue.codec import CodecError
-from aesrl_queue.config import ALGOS, MEAN_RULES, R_MODES, VAR_RULES, ConfigError, RunConfig, parse_sizes
+from aesrl_queue.config import (
+    ALGOS,
+    MEAN_RULES,
+    R_MODES,
+    SHIFT_MODES,
+    VAR_RULES,
+    ConfigError,
+    RunConfig,
+    parse_sizes,
+)
 from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact
 from cli.resume import ResumeError, check_resume, given_options
 
@@ -75,6 +84,10 @@ def config_options(f):
         click.option("--r", "r", default=None,
                      help="Fitness scale r of the mean rule: 'adaptive' (default: robust spread of recent "
                           "f(z)-f(μ)), 'paper' (the paper's r for the environment), a number, or 'auto'."),
+        click.option("--fitness-shift", "fitness_shift", default=None,
+                     help="Amount per step subtracted from returns when aesrl/es compare individuals: "
+                          "'alive' (the env's survival bonus: 1 on Hopper, 0 on HalfCheetah), a number, or 0 "
+                          "(the paper). The reported f(μ) stays the env's return."),
         click.option("--fixed-n", type=float, default=None, help="n of the fixed variance rule (default 10)."),
         click.option("--rl-ratio", type=float, default=None, help="Target share of RL individuals ρ* (default 0.5)."),
         click.option("--rl-gain", type=float, default=None, help="Gain K of the P controller (default 50)."),
@@ -101,6 +114,12 @@ def build_config(env_id, config_file, **kw) -> RunConfig:
             kw["r"] = float(r)
         except ValueError:
             fail(f"r: must be a positive number or one of {', '.join(R_MODES)}, got {r!r}")
+    shift = kw.get("fitness_shift")
+    if shift is not None and shift not in SHIFT_MODES:
+        try:
+            kw["fitness_shift"] = float(shift)
+        except ValueError:
+            fail(f"fitness_shift: must be a number >= 0 or 'alive', got {shift!r}")
     for name in ("hidden", "critic_hidden"):
         if kw.get(name) is not None:
             try:

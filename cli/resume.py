@@ -31,6 +31,11 @@ def _norm(name: str, value: Any) -> Any:
         if isinstance(value, str):
             value = [int(x) for x in value.replace("x", ",").split(",") if x.strip()]
         return tuple(int(x) for x in value)
+    if name == "fitness_shift" and value != "alive":
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return value
     if name == "r" and value != "auto":
         try:
             return float(value)

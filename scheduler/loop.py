@@ -251,7 +251,8 @@ class Scheduler:
         self.counts["steps"] = max(self.counts["steps"], res.steps)
         self.counts["interactions"] = max(self.counts["interactions"], res.interactions)
         ev = Evaluated(job=res.job, kind=res.kind, version=res.version, seed=res.seed, z=z, fitness=res.fitness,
-                       length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version, steps=self.counts["steps"],
+                       length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version,
+                       f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes), steps=self.counts["steps"],
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
                        worker=res.worker, duration=res.duration, rl_steps=res.rl_steps,
                        dist_before=res.dist_before, dist_after=res.dist_after, rl_trained=res.rl_trained,

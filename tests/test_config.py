@@ -94,6 +94,24 @@ def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
     assert RunConfig.from_preset("Swimmer-v5", r=12.5).r == 12.5
 
 
+def test_fitness_shift_alive_reads_the_survival_bonus_and_applies_to_the_es_rules_only() -> None:
+    """"alive" becomes the environment's own reward per step alive (Hopper's 1, 0 for HalfCheetah, the
+    healthy_reward a run's env kwargs give); the setting stays "alive" in the stored config, so a
+    resume that restates it agrees; CEM-RL and TD3 refuse it."""
+    hopper = RunConfig.from_preset("Hopper-v5", fitness_shift="alive").resolve()
+    assert hopper.shift_per_step == 1.0 and hopper.fitness_shift == "alive"
+    assert load_config_blob(pack(hopper.to_dict())).shift_per_step == 1.0
+    assert RunConfig.from_preset("HalfCheetah-v5", fitness_shift="alive").resolve().shift_per_step == 0.0
+    two = RunConfig.from_preset("Hopper-v5", fitness_shift="alive", env_kwargs={"healthy_reward": 2.0}).resolve()
+    assert two.shift_per_step == 2.0
+    assert RunConfig.from_preset("Hopper-v5", fitness_shift=0.5).resolve().shift_per_step == 0.5
+    assert RunConfig.from_preset("Hopper-v5").resolve().shift_per_step == 0.0  # the paper
+    for algo in ("cemrl", "td3"):
+        with pytest.raises(ConfigError, match="^fitness_shift: applies to --algo aesrl and es"):
+            RunConfig.from_preset("Hopper-v5", algo=algo, fitness_shift="alive").validate()
+    assert RunConfig.from_preset("Hopper-v5", algo="es", fitness_shift=1.0).validate()
+
+
 # -- validation --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("field", "value"),
@@ -148,6 +166,10 @@ def test_overrides_win_over_the_preset_and_none_is_ignored() -> None:
         ("rl_line", (0.5, True)),
         ("rl_line", (0.5, math.nan)),
         ("rl_line_store", "some"),
+        ("fitness_shift", -1.0),
+        ("fitness_shift", math.nan),
+        ("fitness_shift", "healthy"),
+        ("fitness_shift", True),
     ],
 )
 def test_validation_names_the_bad_field(field: str, value) -> None:

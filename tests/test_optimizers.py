@@ -253,6 +253,32 @@ def test_aesrl_does_not_tell_random_action_results_with_an_adaptive_scale() -> N
     assert opt.fields()["best_fitness"] == 500.0
 
 
+def test_fitness_shift_judges_returns_less_a_bonus_per_step_and_reports_the_return() -> None:
+    """fitness_shift 1: a μ that stands 1 000 steps (return 1 000) against an individual that moves
+    and falls at 200 steps (return 300): 0 against 100 for the rule, so μ moves towards it, where the
+    plain returns (−700) leave μ alone. The run's f(μ) and the history's f_z stay the returns."""
+    plain, shifted = (config("aesrl", initial_steps=0, r=100.0, fitness_shift=s) for s in (0.0, 1.0))
+    for cfg, moves in ((plain, False), (shifted, True)):
+        opt = AesrlOptimizer(cfg, mu0(cfg))
+        (a,) = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+        ev = evaluated(opt, a, fitness=300.0, f_mu=1000.0, length=200)
+        ev.f_mu_length = 1000.0
+        up = opt.tell(ev)
+        assert up.moved is moves, cfg.fitness_shift
+        assert up.history["f_z"] == 300.0 and opt.fields()["f_mu"] == 1000.0
+        assert up.history["delta"] == (100.0 if moves else -700.0)
+        assert up.history["p"] == (pytest.approx(2 / 3) if moves else 0.0)  # (Δ + r) / (Δ + 2r) at r 100
+    # unpaired, the newest estimate's length is kept with it, through a restart too
+    cfg = config("aesrl", initial_steps=0, r=100.0, fitness_shift=1.0, mean_eval_paired=False)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    a, b = opt.ask(2, steps=0, inflight=0, critic_version=0, now=0.0)
+    ev = evaluated(opt, a, fitness=1000.0, f_mu=1000.0, length=1000)
+    ev.f_mu_length = 1000.0
+    opt.tell(ev)
+    up = roundtrip(opt).tell(evaluated(opt, b, fitness=300.0, f_mu=math.nan, length=200))
+    assert up.history["f_ref"] == 0.0 and up.history["delta"] == 100.0 and up.moved
+
+
 def test_unpaired_aesrl_compares_with_the_newest_f_mu() -> None:
     cfg = config("aesrl", initial_steps=0, mean_eval_paired=False)
     opt = AesrlOptimizer(cfg, mu0(cfg))

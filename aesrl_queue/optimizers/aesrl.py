@@ -80,6 +80,7 @@ class AesrlOptimizer(OwnsDistribution):
                                        initial_steps=cfg.initial_steps)
         self.dispatched = 0  # jobs asked so far: job n has seed job_seed(cfg.seed, n)
         self.f_mu, self.f_mu_version = math.nan, -1  # the newest estimate of f(μ) reported by a job
+        self.f_mu_len = 0.0  # the mean episode length behind it (fitness_shift)
         self.best = -math.inf  # best f(z) so far (random-action episodes included)
         self.best_kept = -math.inf  # best f(z) of a non-random individual (the one kept for export)
         self.recent_lens: deque[int] = deque(maxlen=cfg.rl_steps_window)
@@ -192,21 +193,28 @@ class AesrlOptimizer(OwnsDistribution):
 
         Invalid input raises ValueError and changes nothing."""
         cfg, dist = self.cfg, self.dist
-        f_mu, f_mu_version = self.f_mu, self.f_mu_version
+        f_mu, f_mu_version, f_mu_len = self.f_mu, self.f_mu_version, self.f_mu_len
         # an f(μ) measured under action noise is this individual's reference only (paired below)
         if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version and not ev.f_mu_noise:
-            f_mu, f_mu_version = ev.f_mu, ev.f_mu_version
+            f_mu, f_mu_version, f_mu_len = ev.f_mu, ev.f_mu_version, ev.f_mu_length
+        # fitness_shift: the rule compares returns less shift·length (the run's f(μ) stays the return)
+        per_step = cfg.shift_per_step
+
+        def shaped(ret: float, length: float) -> float:
+            return ret - per_step * length if per_step else ret
+
         # The f(μ) this individual is compared with: with paired evaluation, the job's own estimate
         # of the μ it was drawn from, on the same start state; else the newest estimate (the paper).
         pair = ev.mirror_z is not None
         if pair and not finite(ev.mirror_fitness):
             raise ValueError(f"the antithetic partner of {ev.job} has return {ev.mirror_fitness}")
+        f_z = shaped(ev.fitness, ev.length)
         if pair:  # an antithetic pair: f(μ) is the mean of its two returns, from one start state
-            f_ref = 0.5 * (ev.fitness + ev.mirror_fitness)
+            f_ref = 0.5 * (f_z + shaped(ev.mirror_fitness, ev.mirror_length))
         elif cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
-            f_ref = ev.f_mu
+            f_ref = shaped(ev.f_mu, ev.f_mu_length)
         else:
-            f_ref = f_mu if finite(f_mu) else ev.fitness
+            f_ref = shaped(f_mu, f_mu_len) if finite(f_mu) else f_z
         # A random-action episode says nothing about z: with an adaptive scale it neither moves μ nor
         # enters the scale (the paper's fixed r lets it move μ, as the official code does).
         scale = getattr(dist, "scale", None)
@@ -216,10 +224,12 @@ class AesrlOptimizer(OwnsDistribution):
         p = p_loser = 0.0
         # the individuals to tell: one, or an antithetic pair, the worse first (under the default rules
         # it leaves μ where it is; the better one then moves μ from there)
-        members = [(ev.fitness, ev.z)]
+        # (the value told, z, the return) per individual
+        members = [(f_z, ev.z, ev.fitness)]
         if pair:
-            members = sorted([(ev.fitness, ev.z), (ev.mirror_fitness, ev.mirror_z)], key=lambda m: m[0])
-        tellees = members
+            members = sorted([members[0], (shaped(ev.mirror_fitness, ev.mirror_length), ev.mirror_z,
+                                           ev.mirror_fitness)], key=lambda m: m[0])
+        tellees = [(f_i, z_i) for f_i, z_i, _ in members]
         if cfg.pair_shift and ev.kind == "es" and ev.version != dist.version:
             # drawn from an older μ: tell the offsets σ·ε from that μ (a pair's midpoint, else the μ the loop
             # rebuilt z from), added to the current one. Told as they are, z − μ_now also holds how far μ
@@ -228,7 +238,7 @@ class AesrlOptimizer(OwnsDistribution):
             drawn = 0.5 * (ev.z.astype(np.float64) + ev.mirror_z) if pair else ev.mean_drawn
             if drawn is not None:
                 shift = dist.mean.astype(np.float64) - drawn
-                tellees = [(f_i, (z_i + shift).astype(np.float32)) for f_i, z_i in members]
+                tellees = [(f_i, (z_i + shift).astype(np.float32)) for f_i, z_i, _ in members]
         if told:
             for f_i, z_i in tellees:
                 p_loser = p
@@ -247,12 +257,13 @@ class AesrlOptimizer(OwnsDistribution):
                     p = dist.tell(z_i, f_i, f_ref)
                 p = float(p)
                 self.told += 1
-        self.f_mu, self.f_mu_version = f_mu, f_mu_version
+        self.f_mu, self.f_mu_version, self.f_mu_len = f_mu, f_mu_version, f_mu_len
         self.last_p[ev.kind] = p
         self.recent_lens.append(int(ev.length))
         if pair:
             self.recent_lens.append(int(ev.mirror_length))
-        f_best, z_best = members[-1]  # the better of a pair (the individual itself otherwise)
+        # the better of a pair (the individual itself otherwise): the value told, z and its return
+        told_best, z_best, f_best = members[-1]
         self.best = max(self.best, f_best)
         moved = dist.version != version_before
         std = None
@@ -266,13 +277,14 @@ class AesrlOptimizer(OwnsDistribution):
                  "moved": step.moved if step is not None else float(np.linalg.norm(dist.mean - mean_before)),
                  "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps,
                  # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
-                 "f_ref": f_ref, "delta": ev.fitness - f_ref, "r": r_used, "told": told,
+                 # (f_ref and delta as the rule saw them: less fitness_shift per step where one is set)
+                 "f_ref": f_ref, "delta": f_z - f_ref, "r": r_used, "told": told,
                  "dist_before": ev.dist_before, "dist_after": ev.dist_after, "rl_trained": ev.rl_trained,
                  "rl_from": ev.rl_from, "rl_t": ev.rl_t,
                  # how many updates were told while this individual ran (drawn from an older μ)
                  "lag": version_before - ev.version}
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it
-            entry.update(f_z=f_best, delta=f_best - f_ref, f_pair_worse=members[0][0], p_pair_worse=p_loser,
+            entry.update(f_z=f_best, delta=told_best - f_ref, f_pair_worse=members[0][2], p_pair_worse=p_loser,
                          mirror_won=z_best is ev.mirror_z)
         best = None
         if not ev.random and f_best > self.best_kept:
@@ -308,7 +320,7 @@ class AesrlOptimizer(OwnsDistribution):
         """Plain data, without μ/var (the scheduler stores those as dist:{version})."""
         return {"algo": self.cfg.algo, "dist": self.dist.state(arrays=False), "controller": self.controller.state(),
                 "dispatched": self.dispatched, "f_mu": self.f_mu, "f_mu_version": self.f_mu_version,
-                "best": self.best, "best_kept": self.best_kept, "recent_lens": list(self.recent_lens),
+                "f_mu_len": self.f_mu_len, "best": self.best, "best_kept": self.best_kept, "recent_lens": list(self.recent_lens),
                 "told": self.told, "last_p": dict(self.last_p),
                 **({"rl_scale": self.rl_scale.state()} if self.rl_scale is not None else {})}
 
@@ -321,6 +333,7 @@ class AesrlOptimizer(OwnsDistribution):
         self.controller.load_state(state["controller"])
         self.dispatched = int(state["dispatched"])
         self.f_mu, self.f_mu_version = float(state["f_mu"]), int(state["f_mu_version"])
+        self.f_mu_len = float(state.get("f_mu_len", 0.0))
         self.best, self.best_kept = float(state["best"]), float(state["best_kept"])
         self.recent_lens = deque((int(x) for x in state["recent_lens"]), maxlen=self.cfg.rl_steps_window)
         self.told = int(state["told"])

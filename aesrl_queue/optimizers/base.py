@@ -51,6 +51,7 @@ class Evaluated:
     length: int
     f_mu: float = math.nan  # the job's estimate of f(μ_version_of_f_mu)
     f_mu_version: int = -1
+    f_mu_length: float = 0.0  # mean episode length behind f_mu (fitness_shift subtracts per step)
     steps: int = -1  # the run's stored steps after this episode (-1: unknown)
     interactions: int = -1
     random: bool = False  # a random-action episode (the random phase)
