@@ -105,8 +105,15 @@ def test_fitness_shift_alive_reads_the_survival_bonus_and_applies_to_the_es_rule
     two = RunConfig.from_preset("Hopper-v5", fitness_shift="alive", env_kwargs={"healthy_reward": 2.0}).resolve()
     assert two.shift_per_step == 2.0
     assert RunConfig.from_preset("Hopper-v5", fitness_shift=0.5).resolve().shift_per_step == 0.5
-    assert RunConfig.from_preset("Hopper-v5").resolve().shift_per_step == 0.0  # the paper
+    # aesrl's default; the paper's comparison is one field away, and the baselines have none
+    assert RunConfig.from_preset("Hopper-v5").fitness_shift == "alive"
+    assert RunConfig.from_preset("Hopper-v5", fitness_shift=0).resolve().shift_per_step == 0.0
+    assert RunConfig.from_preset("Hopper-v5", algo="es").fitness_shift == 0.0
+    # a run stored before the field existed resumes with the paper's comparison
+    stored = {k: v for k, v in hopper.to_dict().items() if k not in ("fitness_shift", "shift_per_step")}
+    assert RunConfig.from_dict(stored).fitness_shift == 0.0
     for algo in ("cemrl", "td3"):
+        assert RunConfig.from_preset("Hopper-v5", algo=algo).validate().fitness_shift == 0.0
         with pytest.raises(ConfigError, match="^fitness_shift: applies to --algo aesrl and es"):
             RunConfig.from_preset("Hopper-v5", algo=algo, fitness_shift="alive").validate()
     assert RunConfig.from_preset("Hopper-v5", algo="es", fitness_shift=1.0).validate()
