@@ -513,7 +513,7 @@ ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     # And fitness_shift = "alive": the rules compare returns less the survival bonus (1 per step on Hopper,
     # nothing on HalfCheetah, whose runs are unchanged). With it counted, standing still for 1 000 steps
     # beats every policy that hops and falls, and every Hopper seed of the earlier default stood by
-    # 20-40k and stayed (seed 1 at 200k stored steps: μ moved 33 times in 120k steps, f(μ) 1050-1064).
+    # 20-40k and stayed (seed 1 at 200k stored steps: μ moved 50 times in its last 120k, f(μ) 1049-1064).
     # Without it no seed stood: 1130 ± 256 at 100k (1093 ± 17 before, behind at 25 and 50 %), seed 1's
     # final μ hops the whole episode (3174 on 5 fixed starts; docs/performance.md §3, the twelfth
     # sitting). fitness_shift = 0 gives the paper's comparison back.
