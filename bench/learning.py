@@ -18,6 +18,7 @@ Layout (OUT = bench/results; --quick: a new temporary folder unless --out-dir is
     OUT/learning.json                          {"rows": [row, ...]}, one row per finished cell
     OUT/learning/<env>/<algo>-s<seed>/         run folder (git-ignored), beside it .log and .config.json
     OUT/learning/curves-<env>.png              f(μ) against stored steps, wall clock and interactions
+    OUT/learning/curves-<env>-variants.png     the same for the variants, beside the default
 A row: {"env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s"} where
 final/qNN = mean f(μ) over the last tenth of [0, NN % of budget_steps] of stored steps (μ evaluations of
 the run folder; for td3 and sb3-td3 the deterministic actor, 5 episodes every 5,000 steps) and
@@ -618,7 +619,7 @@ def settings_lines(rows: list[dict[str, Any]]) -> list[str]:
     return [f"  {k}: {v}" for k, v in seen.items()]
 
 
-def plot_env(rows: list[dict[str, Any]], env: str, path: Path) -> None:
+def plot_env(rows: list[dict[str, Any]], env: str, path: Path, title: str = "") -> None:
     """f(μ) against stored steps, wall clock and interactions: mean ± std over seeds, from the rows' curves."""
     import matplotlib
 
@@ -651,7 +652,8 @@ def plot_env(rows: list[dict[str, Any]], env: str, path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle(f"{env}: f(μ), mean ± std over seeds (budget {', '.join(f'{b:,}' for b in budgets)} stored steps)")
+    fig.suptitle(f"{env}{title}: f(μ), mean ± std over seeds (budget {', '.join(f'{b:,}' for b in budgets)} "
+                 "stored steps)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -674,10 +676,17 @@ def report(rows: list[dict[str, Any]], runs_dir: Path) -> None:
     print("\nSettings (the same for every algorithm of an environment; queue runs use "
           f"{rows[0].get('settings', {}).get('workers', WORKERS)} workers):")
     print("\n".join(settings_lines(rows)))
+    # the issue's algorithms in one figure; the variants, beside the default, in another (two dozen
+    # curves in one legend hide the comparison the table is about)
     for env in sorted({r["env"] for r in rows}):
-        png = runs_dir / f"curves-{env}.png"
-        plot_env(rows, env, png)
-        print(f"plot: {png}")
+        main_rows = [r for r in rows if r["algo"] in ALGOS]
+        variant_rows = [r for r in rows if r["algo"] not in ALGOS or r["algo"] in ("aesrl", "es")]
+        for suffix, subset, title in (("", main_rows, ""), ("-variants", variant_rows, " variants")):
+            if any(r["env"] == env and r["algo"] not in ("aesrl", "es") for r in subset) or (
+                    not suffix and any(r["env"] == env for r in subset)):
+                png = runs_dir / f"curves-{env}{suffix}.png"
+                plot_env(subset, env, png, title)
+                print(f"plot: {png}")
     total = sum(r["wall_s"] for r in rows)
     print(f"total compute: {total / 3600:.2f} h of wall clock over {len(rows)} cells "
           f"(first {min(r.get('date', '?') for r in rows)}, last {max(r.get('date', '?') for r in rows)})")

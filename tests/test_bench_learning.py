@@ -107,6 +107,12 @@ def test_rows_already_there_are_skipped_and_reported(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "@100%" in out and "At equal environment interactions" in out and "total compute" in out
     assert (tmp_path / "learning" / "curves-Pendulum-v1.png").stat().st_size > 10_000
+    # no variant rows, no variants figure; with one, the variants are drawn apart from the main figure
+    assert not (tmp_path / "learning" / "curves-Pendulum-v1-variants.png").exists()
+    learning.append_row(tmp_path / "learning.json", row(algo="es-pp100", interactions=6_000))
+    assert learning.main(["--quick", "--out-dir", str(tmp_path), "--report"]) == 0
+    assert "curves-Pendulum-v1-variants.png" in capsys.readouterr().out
+    assert (tmp_path / "learning" / "curves-Pendulum-v1-variants.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
