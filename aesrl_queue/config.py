@@ -325,7 +325,7 @@ class RunConfig:
         if self.fitness_shift not in SHIFT_MODES:
             need(real(self.fitness_shift) and self.fitness_shift >= 0, "fitness_shift",
                  f"must be a number >= 0 or {' or '.join(map(repr, SHIFT_MODES))}, got {self.fitness_shift!r}")
-        need(self.fitness_shift in (0, 0.0) or self.algo in ("aesrl", "es"), "fitness_shift",
+        need(self.fitness_shift == 0 or self.algo in ("aesrl", "es"), "fitness_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
         need(real(self.positive_ratio) and 0.0 < self.positive_ratio <= 1.0, "positive_ratio",
              f"must be in (0, 1], got {self.positive_ratio!r}")
@@ -414,6 +414,10 @@ class RunConfig:
     def critic_on_request(self) -> bool:
         """CEM-RL, and P-CEM-RL without parallel_critic: the critic trains between generations only."""
         return self.algo == "cemrl" or (self.algo == "pcemrl" and not self.parallel_critic)
+
+    def judged(self, ret: float, length: float) -> float:
+        """A return as the update rules compare it: less shift_per_step for each step (fitness_shift)."""
+        return ret - self.shift_per_step * length if self.shift_per_step else ret
 
     @property
     def fitness_scale(self) -> float | str:

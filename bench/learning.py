@@ -678,12 +678,13 @@ def report(rows: list[dict[str, Any]], runs_dir: Path) -> None:
     print("\n".join(settings_lines(rows)))
     # the algorithms in one figure; the variants, beside the default, in another (two dozen
     # curves in one legend hide the comparison the table is about)
+    main_rows = [r for r in rows if r["algo"] in ALGOS]
+    variant_rows = [r for r in rows if r["algo"] not in ALGOS or r["algo"] in ("aesrl", "es")]
     for env in sorted({r["env"] for r in rows}):
-        main_rows = [r for r in rows if r["algo"] in ALGOS]
-        variant_rows = [r for r in rows if r["algo"] not in ALGOS or r["algo"] in ("aesrl", "es")]
-        for suffix, subset, title in (("", main_rows, ""), ("-variants", variant_rows, " variants")):
-            if any(r["env"] == env and r["algo"] not in ("aesrl", "es") for r in subset) or (
-                    not suffix and any(r["env"] == env for r in subset)):
+        has_variants = any(r["env"] == env and r["algo"] not in ALGOS for r in rows)
+        for suffix, subset, title, draw in (("", main_rows, "", any(r["env"] == env for r in main_rows)),
+                                            ("-variants", variant_rows, " variants", has_variants)):
+            if draw:
                 png = runs_dir / f"curves-{env}{suffix}.png"
                 plot_env(subset, env, png, title)
                 print(f"plot: {png}")

@@ -108,18 +108,14 @@ def config_options(f):
 
 def build_config(env_id, config_file, **kw) -> RunConfig:
     """Preset + file + options, validated and resolved against the environment; exit 2 if invalid."""
-    r = kw.get("r")
-    if r is not None and r not in R_MODES:
-        try:
-            kw["r"] = float(r)
-        except ValueError:
-            fail(f"r: must be a positive number or one of {', '.join(R_MODES)}, got {r!r}")
-    shift = kw.get("fitness_shift")
-    if shift is not None and shift not in SHIFT_MODES:
-        try:
-            kw["fitness_shift"] = float(shift)
-        except ValueError:
-            fail(f"fitness_shift: must be a number >= 0 or 'alive', got {shift!r}")
+    # options that take a number or a named mode: the number as a float, a bad value named
+    for name, modes, number in (("r", R_MODES, "a positive number"), ("fitness_shift", SHIFT_MODES, "a number >= 0")):
+        val = kw.get(name)
+        if val is not None and val not in modes:
+            try:
+                kw[name] = float(val)
+            except ValueError:
+                fail(f"{name}: must be {number} or one of {', '.join(modes)}, got {val!r}")
     for name in ("hidden", "critic_hidden"):
         if kw.get(name) is not None:
             try:

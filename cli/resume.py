@@ -31,12 +31,7 @@ def _norm(name: str, value: Any) -> Any:
         if isinstance(value, str):
             value = [int(x) for x in value.replace("x", ",").split(",") if x.strip()]
         return tuple(int(x) for x in value)
-    if name == "fitness_shift" and value != "alive":
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            return value
-    if name == "r" and value != "auto":
+    if name in ("r", "fitness_shift"):  # a number, or a mode name that stays as it is
         try:
             return float(value)
         except (TypeError, ValueError):

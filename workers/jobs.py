@@ -298,7 +298,7 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
                                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs,
                                      action_noise=noise_std, noise_seed=noise_seed), point))
     # the best point as the update rule will judge it (fitness_shift); of equal values, the first in rl_line
-    t_best, ep, z = max(runs, key=lambda run: run[1].returns[0] - cfg.shift_per_step * run[1].lengths[0])
+    t_best, ep, z = max(runs, key=lambda run: cfg.judged(run[1].returns[0], run[1].lengths[0]))
     if kind == "rl":
         ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
     fitness, length = float(ep.returns[0]), int(ep.lengths[0])

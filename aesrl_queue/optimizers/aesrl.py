@@ -198,11 +198,7 @@ class AesrlOptimizer(OwnsDistribution):
         if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version and not ev.f_mu_noise:
             f_mu, f_mu_version, f_mu_len = ev.f_mu, ev.f_mu_version, ev.f_mu_length
         # fitness_shift: the rule compares returns less shift·length (the run's f(μ) stays the return)
-        per_step = cfg.shift_per_step
-
-        def shaped(ret: float, length: float) -> float:
-            return ret - per_step * length if per_step else ret
-
+        shaped = cfg.judged
         # The f(μ) this individual is compared with: with paired evaluation, the job's own estimate
         # of the μ it was drawn from, on the same start state; else the newest estimate (the paper).
         pair = ev.mirror_z is not None
