@@ -82,6 +82,12 @@ class RunConfig:
     # above every policy that hops and falls, and AES-RL's μ stands by 20-30k steps and stays
     # (docs/performance.md §3, the eleventh and twelfth sittings).
     fitness_shift: float | str = 0.0
+    # aesrl: the critic learns the same shifted rewards (each step's reward less shift_per_step), so
+    # that RL individuals climb what the update rule judges them on. With the environment's rewards the
+    # critic values survival (1 per step on Hopper) and RL jobs learn to stand, which the shifted rule
+    # then scores near 0 (Hopper, 20-30k stored steps: RL individuals of 1 000 steps and 1 000-1 060
+    # returns, each 220-260 below its paired μ). False: the environment's rewards (the paper).
+    critic_shift: bool = False
     # whether an RL individual's step also updates the variance (the paper and its code: yes). It was
     # not drawn from N(μ, var): its distance from μ is the gradient steps', not the spread of good samples.
     rl_var_update: bool = True
@@ -327,6 +333,8 @@ class RunConfig:
                  f"must be a number >= 0 or {' or '.join(map(repr, SHIFT_MODES))}, got {self.fitness_shift!r}")
         need(self.fitness_shift == 0 or self.algo in ("aesrl", "es"), "fitness_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
+        need(isinstance(self.critic_shift, bool), "critic_shift", "must be true or false")
+        rl_jobs_only("critic_shift", self.critic_shift)
         need(real(self.positive_ratio) and 0.0 < self.positive_ratio <= 1.0, "positive_ratio",
              f"must be in (0, 1], got {self.positive_ratio!r}")
         need(self.var_floor <= self.var_init, "var_floor", "must not exceed var_init")

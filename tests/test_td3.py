@@ -297,3 +297,46 @@ def test_td3_agent_trains_from_replay():
 
 def test_warm_up_torch_runs():
     warm_up_torch()
+
+
+def test_critic_daemon_with_critic_shift_learns_the_rewards_less_the_shift(client) -> None:
+    """critic_shift: the daemon's critic step on an episode equals a plain daemon's on the same episode
+    with every reward shift_per_step lower, and differs from the plain daemon's on the original."""
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.store import Store
+    from workers.critic import CriticDaemon
+
+    def daemon(run: str, shifted: bool, rew_offset: float) -> CriticDaemon:
+        cfg = RunConfig.from_preset("AesrlNull-v0", run_id=run, fitness_shift=2.0, critic_shift=shifted,
+                                    batch_size=32).resolve().validate()
+        store = Store(client, run)
+        assert store.write_config(cfg)
+        n = 64
+        base = np.arange(n, dtype=np.float32) / n
+        store.append_episode({
+            "obs": np.repeat(base[:, None], cfg.obs_dim, axis=1), "act": np.repeat(-base[:, None], cfg.act_dim, axis=1),
+            "rew": base + rew_offset, "next_obs": np.repeat(base[:, None] + 0.1, cfg.obs_dim, axis=1),
+            "done": (np.arange(n) == n - 1).astype(np.float32)}, job=f"{run}-j")
+        torch.manual_seed(5)  # the same initial critic, target and target policy in every daemon
+        d = CriticDaemon(client, client, run)
+        assert d.sync() == n
+        torch.manual_seed(6)  # the same target-policy noise
+        d.train_chunk(3)
+        return d
+
+    shifted = get_flat(daemon("cs-shifted", True, 0.0).critic)
+    by_hand = get_flat(daemon("cs-by-hand", False, -2.0).critic)
+    plain = get_flat(daemon("cs-plain", False, 0.0).critic)
+    np.testing.assert_allclose(shifted, by_hand, rtol=0, atol=1e-6)
+    assert np.abs(shifted - plain).max() > 1e-3
+
+
+def test_critic_shift_applies_to_aesrl_with_rl_jobs_only() -> None:
+    from aesrl_queue.config import ConfigError, RunConfig
+
+    assert RunConfig.from_preset("Hopper-v5", critic_shift=True).validate().critic_shift is True
+    for algo in ("es", "cemrl", "td3"):
+        with pytest.raises(ConfigError, match="^critic_shift: applies to --algo aesrl with RL jobs"):
+            RunConfig.from_preset("Hopper-v5", algo=algo, critic_shift=True).validate()
+    with pytest.raises(ConfigError, match="^critic_shift: must be true or false"):
+        RunConfig.from_preset("Hopper-v5", critic_shift="yes").validate()

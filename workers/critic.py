@@ -146,9 +146,13 @@ class CriticDaemon:
     def train_chunk(self, n: int) -> dict[str, float]:
         cfg = self.cfg
         losses = []
+        # critic_shift: the rewards the update rule judges by (fitness_shift), not the environment's
+        reward_shift = cfg.shift_per_step if cfg.critic_shift else 0.0
         t0 = time.perf_counter()
         for _ in range(n):
             batch = self.buffer.sample(cfg.batch_size, generator=self.gen)
+            if reward_shift:
+                batch["rew"] = batch["rew"] - reward_shift
             out = critic_update(self.critic, self.critic_target, self.opt, self.target_actor, batch,
                                 gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
                                 noise_clip=cfg.noise_clip, max_action=cfg.max_action)
