@@ -82,6 +82,12 @@ def test_variants_run_only_when_named_and_carry_their_one_change():
     cmd = learning.cell_command(learning.Cell("HalfCheetah-v5", "aesrl-fixed-linear", 1), s, Path("/x"), None)
     assert cmd[cmd.index("--mean-rule") + 1] == "fixed-linear" and cmd[cmd.index("--algo") + 1] == "aesrl"
     assert "rl_steps_max" not in learning.cell_config(learning.Cell("HalfCheetah-v5", "aesrl", 1), s)
+    # variants measured before fitness_shift "alive" became the default rerun as their rows ran: with
+    # the survival bonus; the default and the later variants judge without it
+    hop = full["Hopper-v5"]
+    assert learning.cell_config(learning.Cell("Hopper-v5", "aesrl-pp25", 1), hop)["fitness_shift"] == 0.0
+    assert "fitness_shift" not in learning.cell_config(learning.Cell("Hopper-v5", "aesrl-critic-shift", 1), hop)
+    assert "fitness_shift" not in learning.cell_config(learning.Cell("Hopper-v5", "aesrl", 1), hop)
 
 
 def test_every_cell_shares_the_same_settings():
