@@ -86,7 +86,9 @@ def test_variants_run_only_when_named_and_carry_their_one_change():
     # the survival bonus; the default and the later variants judge without it
     hop = full["Hopper-v5"]
     assert learning.cell_config(learning.Cell("Hopper-v5", "aesrl-pp25", 1), hop)["fitness_shift"] == 0.0
-    assert "fitness_shift" not in learning.cell_config(learning.Cell("Hopper-v5", "aesrl-critic-shift", 1), hop)
+    assert "fitness_shift" not in learning.cell_config(learning.Cell("Hopper-v5", "aesrl-critic-env", 1), hop)
+    # and those measured before critic_shift became the default rerun without it
+    assert learning.cell_config(learning.Cell("Hopper-v5", "aesrl-linear", 1), hop)["critic_shift"] is False
     assert "fitness_shift" not in learning.cell_config(learning.Cell("Hopper-v5", "aesrl", 1), hop)
 
 

@@ -331,12 +331,16 @@ def test_critic_daemon_with_critic_shift_learns_the_rewards_less_the_shift(clien
     assert np.abs(shifted - plain).max() > 1e-3
 
 
-def test_critic_shift_applies_to_aesrl_with_rl_jobs_only() -> None:
+def test_critic_shift_applies_to_aesrl_only() -> None:
     from aesrl_queue.config import ConfigError, RunConfig
 
-    assert RunConfig.from_preset("Hopper-v5", critic_shift=True).validate().critic_shift is True
+    assert RunConfig.from_preset("Hopper-v5").validate().critic_shift is True  # aesrl's default
+    assert RunConfig.from_preset("Hopper-v5", critic_shift=False).validate().critic_shift is False
     for algo in ("es", "cemrl", "td3"):
-        with pytest.raises(ConfigError, match="^critic_shift: applies to --algo aesrl with RL jobs"):
+        assert RunConfig.from_preset("Hopper-v5", algo=algo).validate().critic_shift is False
+        with pytest.raises(ConfigError, match="^critic_shift: applies to --algo aesrl, not"):
             RunConfig.from_preset("Hopper-v5", algo=algo, critic_shift=True).validate()
+    # with no RL jobs there is no critic, and the setting changes nothing
+    assert RunConfig.from_preset("Hopper-v5", critic_shift=True, rl_ratio=0.0).validate().critic_shift is True
     with pytest.raises(ConfigError, match="^critic_shift: must be true or false"):
         RunConfig.from_preset("Hopper-v5", critic_shift="yes").validate()
