@@ -58,6 +58,9 @@ class CriticDaemon:
         self.target_actor = self.spec.make_actor(self.device)
         self.target_version: int | tuple[str, int] = -1  # μ's version, or ("actor", n) with rl_actor
         self.buffer = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
+        # critic_shift: the mirror holds the rewards the update rule judges by (fitness_shift), each
+        # step's less shift_per_step, so the critic learns them; the replay stream keeps the environment's
+        self.reward_shift = cfg.shift_per_step if cfg.critic_shift else 0.0
         self.mirror_last = "0-0"
         self.version = 0
         self.trained = 0  # critic gradient steps so far
@@ -108,7 +111,8 @@ class CriticDaemon:
                 except CodecError as exc:
                     log.warning("skipping malformed replay entry: %s", exc)
                     continue
-                self.buffer.add_batch(ep["obs"], ep["act"], ep["rew"], ep["next_obs"], ep["done"])
+                rew = ep["rew"] - self.reward_shift if self.reward_shift else ep["rew"]
+                self.buffer.add_batch(ep["obs"], ep["act"], rew, ep["next_obs"], ep["done"])
                 added += len(ep["rew"])
 
     def refresh_target_policy(self) -> None:
@@ -146,13 +150,9 @@ class CriticDaemon:
     def train_chunk(self, n: int) -> dict[str, float]:
         cfg = self.cfg
         losses = []
-        # critic_shift: the rewards the update rule judges by (fitness_shift), not the environment's
-        reward_shift = cfg.shift_per_step if cfg.critic_shift else 0.0
         t0 = time.perf_counter()
         for _ in range(n):
             batch = self.buffer.sample(cfg.batch_size, generator=self.gen)
-            if reward_shift:
-                batch["rew"] = batch["rew"] - reward_shift
             out = critic_update(self.critic, self.critic_target, self.opt, self.target_actor, batch,
                                 gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
                                 noise_clip=cfg.noise_clip, max_action=cfg.max_action)
