@@ -171,6 +171,14 @@ class RunConfig:
     # the reported point's alone (the others count as interactions, as f(μ) episodes do). On
     # HalfCheetah "all" makes an RL job 3 000 stored steps, and μ moved 24 times in 100k steps.
     rl_line_store: str = "all"
+    # aesrl: an RL job judges its individual on this many start states instead of one. The first pair
+    # is the stored episode of z and its paired f(μ) episode; each further pair runs z and μ once more
+    # from a new start state, unstored (interactions, as f(μ) episodes are), and the rule compares the
+    # means of z's and μ's returns. A trained RL individual lies 10-15 from μ in parameter norm, so a
+    # move towards it changes μ's behaviour; on one start state a μ that hops and falls there makes
+    # such an individual look as good as μ (p ≈ 0.5: half the way to it). 1 is the paper (one episode);
+    # it needs mean_eval_paired and mean_eval_episodes = 1.
+    rl_eval_pairs: int = 1
     # synchronous baselines
     population: int = 10
     parallel_critic: bool = False
@@ -304,6 +312,11 @@ class RunConfig:
         rl_jobs_only("rl_line", self.rl_line != (1.0,))
         need(self.rl_line_store in ("all", "best"), "rl_line_store",
              f"must be 'all' or 'best', got {self.rl_line_store!r}")
+        need(integer(self.rl_eval_pairs) and 1 <= self.rl_eval_pairs <= 8, "rl_eval_pairs",
+             f"must be an integer from 1 to 8 (start states an RL individual is judged on), got {self.rl_eval_pairs!r}")
+        rl_jobs_only("rl_eval_pairs", self.rl_eval_pairs != 1)
+        need(self.rl_eval_pairs == 1 or (self.mean_eval_paired and self.mean_eval_episodes == 1), "rl_eval_pairs",
+             "needs mean_eval_paired = true and mean_eval_episodes = 1 (each f(μ) episode is paired with one of z)")
         need(self.r_kinds in ("all", "es", "own"), "r_kinds", f"must be 'all', 'es' or 'own', got {self.r_kinds!r}")
         need(isinstance(self.r_lend_rl, bool), "r_lend_rl", "must be true or false")
         need(real(self.r_factor) and self.r_factor > 0,

@@ -152,6 +152,11 @@ class Result:
     # action_noise: the std of the action noise both f(z) and f(μ) were measured under (0: none);
     # such an f(μ) is a reference for f(z) only, not an estimate of the run's f(μ)
     f_mu_noise: float = 0.0
+    # rl_eval_pairs RL jobs: the start states z and μ were both run from (1: the stored episode's alone),
+    # and z's mean return and episode length over them; f_mu and eval_steps then cover μ's episodes
+    pairs: int = 1
+    pairs_fitness: float = math.nan
+    pairs_len: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -214,6 +219,9 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         mirror_fitness=num("mirror_fitness", float, math.nan),
         mirror_len=num("mirror_len", int, 0),
         f_mu_noise=num("f_mu_noise", float, 0.0),
+        pairs=num("pairs", int, 1),
+        pairs_fitness=num("pairs_fitness", float, math.nan),
+        pairs_len=num("pairs_len", float, 0.0),
     )
 
 

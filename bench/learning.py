@@ -116,6 +116,11 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # default: ES individuals at the paper's floor (0.003) store near-identical episodes of μ, so the
     # critic sees little spread of actions; aesrl-floor1e-4 measured it with the survival bonus
     "aesrl-floor1e-4-alive": (["--algo", "aesrl"], {"var_floor": 1e-4, "critic_shift": False}),
+    # RL individuals judged on two start states (rl_eval_pairs 2: z and μ once more, unstored) on today's
+    # default: a trained RL individual lies 10-15 from μ, so one episode in which μ happens to fall lets
+    # an individual that falls elsewhere take μ half the way or more (Hopper seed 1's final μ scored 971
+    # after a median f(μ) of 1980 over 90-100k, docs/performance.md §3, the thirteenth sitting)
+    "aesrl-rl-pairs2": (["--algo", "aesrl"], {"rl_eval_pairs": 2}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
                                      {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay

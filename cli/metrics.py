@@ -202,7 +202,7 @@ class MetricsWriter:
             # use, whether the result was told at all, and an RL individual's distance from its μ
             "f_ref": h.get("f_ref"), "delta": h.get("delta"), "r": h.get("r"), "told": h.get("told", True),
             "dist_before": h.get("dist_before"), "dist_after": h.get("dist_after"), "rl_trained": h.get("rl_trained"),
-            "rl_from": h.get("rl_from"), "rl_t": h.get("rl_t"),
+            "rl_from": h.get("rl_from"), "rl_t": h.get("rl_t"), "pairs": h.get("pairs", 1),
             "sigma_mean": h.get("sigma_mean"), "sigma_min": h.get("sigma_min"), "sigma_max": h.get("sigma_max"),
             "rl_share": self.counts["rl"] / total if total else 0.0, "len": h.get("len"), "job": h.get("job"),
             "worker": h.get("worker"), "random": h.get("random", False), "rl_steps": h.get("rl_steps"),

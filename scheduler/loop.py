@@ -252,13 +252,14 @@ class Scheduler:
         self.counts["interactions"] = max(self.counts["interactions"], res.interactions)
         ev = Evaluated(job=res.job, kind=res.kind, version=res.version, seed=res.seed, z=z, fitness=res.fitness,
                        length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version,
-                       f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes), steps=self.counts["steps"],
+                       f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes + res.pairs - 1), steps=self.counts["steps"],
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
                        worker=res.worker, duration=res.duration, rl_steps=res.rl_steps,
                        dist_before=res.dist_before, dist_after=res.dist_after, rl_trained=res.rl_trained,
                        rl_from=res.rl_from, rl_t=res.rl_t, enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind, mirror_z=mirror_z,
                        mirror_fitness=res.mirror_fitness, mirror_length=res.mirror_len, f_mu_noise=res.f_mu_noise,
-                       mean_drawn=mean_drawn)
+                       mean_drawn=mean_drawn, pairs=res.pairs, pairs_fitness=res.pairs_fitness,
+                       pairs_length=res.pairs_len)
         try:
             update = self.opt.tell(ev, now=time.time())
         except ValueError as exc:

@@ -310,7 +310,7 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
             transitions = {k: np.concatenate([run[1].transitions[k] for run in runs]) for k in ep.transitions}
         else:  # "best": the other points' episodes are evaluations, interactions only
             line_unstored = line_len
-    f_mu, f_mu_version, eval_steps = float("nan"), -1, 0
+    f_mu, f_mu_version, eval_steps, pair_extra = float("nan"), -1, 0, 0
     if kind == "es" and cfg.es_antithetic and not random_actions:
         # The antithetic individual μ − σ·ε from the same start state, stored as well: the pair's
         # mean return estimates f(μ) (its first-order terms cancel), so no episode is spent on μ.
@@ -335,9 +335,25 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
                               noise_seed=noise_seed)
             f_mu = float(np.mean(ev.returns))
             eval_steps = int(sum(ev.lengths))
+            if kind == "rl" and cfg.rl_eval_pairs > 1 and not random_actions:
+                # rl_eval_pairs: z and its μ once more from each of further start states, unstored; the
+                # reported f(μ) and the pairs' f(z) are the means over every pair (config rl_eval_pairs)
+                zs, mus = [(fitness, length)], [(f_mu, eval_steps)]
+                for i in range(1, cfg.rl_eval_pairs):
+                    pair_seed = (seed + 7919 * i) % (2**31)
+                    for params, out in ((z, zs), (got[1], mus)):
+                        ctx.actor.set_params(params)
+                        e = run_episodes(cfg.env_id, ctx.actor, k=1, seed=pair_seed, store=False,
+                                         env_kwargs=cfg.env_kwargs)
+                        out.append((float(e.returns[0]), int(e.lengths[0])))
+                f_mu = float(np.mean([f for f, _ in mus]))
+                eval_steps = sum(n for _, n in mus)
+                pair_extra = sum(n for _, n in zs[1:])
+                dists.update(pairs=len(zs), pairs_fitness=float(np.mean([f for f, _ in zs])),
+                             pairs_len=float(np.mean([n for _, n in zs])))
 
     fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
                   ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time,
                   **dists, **mirror, **({"f_mu_noise": noise_std} if noise_std else {}))
-    store.finish_job(transitions, base["job"], fields, extra_interactions=eval_steps + line_unstored)
+    store.finish_job(transitions, base["job"], fields, extra_interactions=eval_steps + line_unstored + pair_extra)
     return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}

@@ -204,7 +204,10 @@ class AesrlOptimizer(OwnsDistribution):
         pair = ev.mirror_z is not None
         if pair and not finite(ev.mirror_fitness):
             raise ValueError(f"the antithetic partner of {ev.job} has return {ev.mirror_fitness}")
-        f_z = shaped(ev.fitness, ev.length)
+        # rl_eval_pairs: z's mean over the start states its f(μ) (ev.f_mu, a mean too) was measured on
+        pairs = ev.pairs > 1 and finite(ev.pairs_fitness)
+        f_z_return = ev.pairs_fitness if pairs else ev.fitness
+        f_z = shaped(ev.pairs_fitness, ev.pairs_length) if pairs else shaped(ev.fitness, ev.length)
         if pair:  # an antithetic pair: f(μ) is the mean of its two returns, from one start state
             f_ref = 0.5 * (f_z + shaped(ev.mirror_fitness, ev.mirror_length))
         elif cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
@@ -221,7 +224,7 @@ class AesrlOptimizer(OwnsDistribution):
         # the individuals to tell: one, or an antithetic pair, the worse first (under the default rules
         # it leaves μ where it is; the better one then moves μ from there)
         # (the value told, z, the return) per individual
-        members = [(f_z, ev.z, ev.fitness)]
+        members = [(f_z, ev.z, f_z_return)]
         if pair:
             members = sorted([members[0], (shaped(ev.mirror_fitness, ev.mirror_length), ev.mirror_z,
                                            ev.mirror_fitness)], key=lambda m: m[0])
@@ -279,6 +282,8 @@ class AesrlOptimizer(OwnsDistribution):
                  "rl_from": ev.rl_from, "rl_t": ev.rl_t,
                  # how many updates were told while this individual ran (drawn from an older μ)
                  "lag": version_before - ev.version}
+        if pairs:  # f_z is the mean over the pairs; the stored episode's return beside it
+            entry.update(pairs=ev.pairs, f_z_stored=ev.fitness)
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it
             entry.update(f_z=f_best, delta=told_best - f_ref, f_pair_worse=members[0][2], p_pair_worse=p_loser,
                          mirror_won=z_best is ev.mirror_z)

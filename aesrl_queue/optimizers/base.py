@@ -74,6 +74,11 @@ class Evaluated:
     # action_noise: f_z and f_mu were both measured under action noise of this std (0: none); f_mu is
     # then this individual's reference only, not an estimate of the run's f(μ)
     f_mu_noise: float = 0.0
+    # rl_eval_pairs: z and μ were run from `pairs` start states; z's mean return and episode length over
+    # them (f_mu is μ's mean over the same states). 1: the stored episode alone
+    pairs: int = 1
+    pairs_fitness: float = math.nan
+    pairs_length: float = 0.0
 
 
 @dataclass
