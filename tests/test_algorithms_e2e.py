@@ -257,9 +257,11 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     ever further from μ, where a fresh sample lies σ·√dim from it), and the critic's target policy is
     that actor, not μ. With rl_line (one run for both): an RL job also evaluates the midpoint between
     μ and its actor, stores both episodes ("all") or the better one's ("best"), and reports the better
-    point as its individual."""
+    point as its individual. With rl_eval_pairs 2 every RL job also runs that individual and its μ from a
+    second start state, unstored, and is judged on the means."""
     cfg_file = tmp_path / "actor.toml"
-    cfg_file.write_text(CONFIG + f"rl_actor = true\nrl_line = [0.5, 1.0]\nrl_line_store = \"{line_store}\"\n")
+    cfg_file.write_text(CONFIG + f"rl_actor = true\nrl_line = [0.5, 1.0]\nrl_line_store = \"{line_store}\"\n"
+                        "rl_eval_pairs = 2\n")
     run = f"alg-actor-{line_store}"
     out = run_scheduler(cluster, "aesrl", run, 3200, "--initial-steps", "400", "--r", "200", config=str(cfg_file))
     check_common(out, 3200)
@@ -283,7 +285,12 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     # points'; "best": those are interactions only, beside the f(μ) episodes
     ok = [r["res"] for r in out["results"] if r["res"].ok]
     stored = sum(r.length + (r.line_len if line_store == "all" else 0) for r in ok)
-    unstored = sum(r.eval_steps + (r.line_len if line_store == "best" else 0) for r in ok)
+    # rl_eval_pairs: z's second episode (pairs_len is the mean of its two lengths) and μ's (in eval_steps)
+    assert all(r.pairs == 2 and 0 < r.pairs_len <= 200 for r in rl), [(r.pairs, r.pairs_len) for r in rl]
+    assert all(r.pairs == 1 for r in ok if r.kind == "es")
+    assert any(r.pairs_fitness != r.fitness for r in rl)  # the second start state is another episode
+    pair_z = sum(round(2 * r.pairs_len) - r.length for r in rl)
+    unstored = sum(r.eval_steps + (r.line_len if line_store == "best" else 0) for r in ok) + pair_z
     assert (stored, stored + unstored) == (out["state"]["steps"], out["state"]["interactions"])
     # Only jobs that started before the first RL job finished train a fresh sample (two workers: at most
     # two); every later one continues a stored actor, and later jobs newer ones.
@@ -293,6 +300,7 @@ def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_p
     hist = {h["job"]: h for h in out["history"]}
     assert [hist[r.job]["rl_from"] for r in rl] == froms  # recorded in the history (and metrics.jsonl)
     assert [hist[r.job]["rl_t"] for r in rl] == [r.rl_t for r in rl]
+    assert [(hist[r.job]["pairs"], hist[r.job]["f_z"]) for r in rl] == [(2, r.pairs_fitness) for r in rl]
     # The daemon published "Q of mu ..." before the first actor existed; once one is stored it learns the
     # actor's Q. Under load its last chunk may predate the first actor, so ask a daemon of this run directly.
     from aesrl_queue.nets import get_flat

@@ -344,6 +344,44 @@ def test_rl_jump_moves_mu_to_a_better_rl_individual_and_never_towards_a_worse_on
         RunConfig.from_preset("Hopper-v5", rl_jump=1).validate()
 
 
+def test_rl_eval_pairs_judges_an_rl_individual_on_the_means_of_its_pairs() -> None:
+    """rl_eval_pairs 2: on its stored episode an RL individual is 50 above a μ that fell there (p 0.6 at
+    r 100, a move of μ), and 150 below it on the second start state (200 against 350); the rule compares the means (−50:
+    p 1/3), the history keeps both returns, and the run's f(μ) is μ's mean. One pair moves μ further."""
+    from aesrl_queue.config import ConfigError
+
+    moves = {}
+    for pairs in (1, 2):
+        cfg = config("aesrl", initial_steps=0, r=100.0, rl_eval_pairs=pairs)
+        opt = AesrlOptimizer(cfg, mu0(cfg))
+        (a,) = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
+        mu = opt.mean.copy()
+        ev = evaluated(opt, a, fitness=250.0, f_mu=200.0 if pairs == 1 else 0.5 * (200.0 + 350.0), length=300,
+                       z=(mu + 0.3).astype(np.float32))
+        ev.kind, ev.f_mu_length = "rl", 1000.0
+        if pairs == 2:
+            ev.pairs, ev.pairs_fitness, ev.pairs_length = 2, 0.5 * (250.0 + 200.0), 0.5 * (300 + 200)
+        up = opt.tell(ev)
+        moves[pairs] = float(np.abs(opt.mean - mu).mean())
+        if pairs == 1:
+            assert up.history["delta"] == 50.0 and up.history["p"] == pytest.approx(0.6)
+            assert "pairs" not in up.history
+        else:
+            assert up.history["delta"] == -50.0 and up.history["p"] == pytest.approx(1 / 3)
+            assert up.history["pairs"] == 2 and up.history["f_z"] == 225.0 and up.history["f_z_stored"] == 250.0
+            assert opt.fields()["f_mu"] == 275.0
+    assert moves[1] == pytest.approx(0.6 * 0.3, rel=1e-5) and moves[2] == pytest.approx(0.3 / 3, rel=1e-5)
+    assert RunConfig.from_preset("Hopper-v5").rl_eval_pairs == 1  # the paper: one episode
+    RunConfig.from_preset("Hopper-v5", rl_eval_pairs=3).validate()
+    for bad in (0, 9, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="rl_eval_pairs"):
+            RunConfig.from_preset("Hopper-v5", rl_eval_pairs=bad).validate()
+    for kw in ({"algo": "es"}, {"algo": "cemrl"}, {"rl_ratio": 0.0}, {"mean_eval_paired": False},
+               {"mean_eval_episodes": 2}):
+        with pytest.raises(ConfigError, match="rl_eval_pairs"):
+            RunConfig.from_preset("Hopper-v5", rl_eval_pairs=2, **kw).validate()
+
+
 def test_rl_action_limit_is_a_non_negative_fraction() -> None:
     from aesrl_queue.config import ConfigError
 

@@ -271,7 +271,7 @@ class AesrlOptimizer(OwnsDistribution):
         sigma = self._sigma_stats(std)
         r_used = r_own if r_own is not None else getattr(dist, "r", None)
         entry = {"job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
-                 "version": dist.version, "p": p, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length, "t": now,
+                 "version": dist.version, "p": p, "f_z": f_z_return, "f_mu": self.f_mu, "len": ev.length, "t": now,
                  "worker": ev.worker, "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3],
                  "moved": step.moved if step is not None else float(np.linalg.norm(dist.mean - mean_before)),
                  "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps,
