@@ -206,8 +206,8 @@ class AesrlOptimizer(OwnsDistribution):
             raise ValueError(f"the antithetic partner of {ev.job} has return {ev.mirror_fitness}")
         # rl_eval_pairs: z's mean over the start states its f(μ) (ev.f_mu, a mean too) was measured on
         pairs = ev.pairs > 1 and finite(ev.pairs_fitness)
-        f_z_return = ev.pairs_fitness if pairs else ev.fitness
-        f_z = shaped(ev.pairs_fitness, ev.pairs_length) if pairs else shaped(ev.fitness, ev.length)
+        f_z_return, f_z_length = (ev.pairs_fitness, ev.pairs_length) if pairs else (ev.fitness, ev.length)
+        f_z = shaped(f_z_return, f_z_length)
         if pair:  # an antithetic pair: f(μ) is the mean of its two returns, from one start state
             f_ref = 0.5 * (f_z + shaped(ev.mirror_fitness, ev.mirror_length))
         elif cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
