@@ -39,6 +39,12 @@ def read_for(child: pexpect.spawn, seconds: float) -> str:
     return "".join(out)
 
 
+def default_sigint() -> None:
+    """In the child before exec: Ctrl-C interrupts, as at a terminal. A shell without job control starts
+    background commands (a suite run with `&` or nohup) with SIGINT ignored, and children inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def tb_scalars(log_dir) -> dict[str, list]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -60,7 +66,8 @@ def test_watch_shows_moving_numbers_and_sigterm_to_the_launcher_writes_the_run_f
 
     child = pexpect.spawn(sys.executable, ["-m", "cli.main", "status", "--redis-url", redis_url, "--run", run, "--watch"],
                           cwd=str(ROOT), env=dict(child_env(), TERM="xterm-256color", COLUMNS="140", LINES="45"),
-                          dimensions=(45, 140), encoding="utf-8", codec_errors="replace", timeout=30)
+                          dimensions=(45, 140), encoding="utf-8", codec_errors="replace", timeout=30,
+                          preexec_fn=default_sigint)
     try:
         text = screen_text(read_for(child, 9.0))
         steps = [int(a.replace(",", "")) for a, _ in re.findall(r"steps\s+([\d,]+) / ([\d,]+)", text)]
