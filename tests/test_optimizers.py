@@ -64,8 +64,9 @@ def roundtrip(opt):
 
 # -- AES-RL and its asynchronous relatives ---------------------------------------------------------------
 def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_exists() -> None:
-    cfg = config("aesrl", initial_steps=100, batch_size=32)
+    cfg = config("aesrl", initial_steps=150, batch_size=32)
     opt = AesrlOptimizer(cfg, mu0(cfg))
+    assert cfg.max_episode_steps == 50  # the random phase is three full episodes
     specs = opt.ask(3, steps=0, inflight=0, critic_version=0, now=0.0)
     assert [s["n"] for s in specs] == [1, 2, 3]
     assert [s["seed"] for s in specs] == [job_seed(cfg.seed, n) for n in (1, 2, 3)]
@@ -82,7 +83,7 @@ def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_ex
 
 
 def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopped_critic() -> None:
-    cfg = config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000)
+    cfg = config("aesrl", initial_steps=200, batch_size=32, critic_lag=500, total_steps=100_000)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     # In the random phase the critic's progress never holds a job.
     assert len(opt.ask(2, steps=90, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
@@ -103,6 +104,24 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     # critic_lag = 0 (the published code) never holds.
     free = AesrlOptimizer(config("aesrl", initial_steps=100, batch_size=32, critic_lag=0), mu0(cfg))
     assert len(free.ask(2, steps=5000, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
+
+
+def test_aesrl_random_phase_dispatches_no_more_random_steps_than_initial_steps() -> None:
+    # Many workers ask for many jobs at once: only as many random episodes as initial_steps holds go out,
+    # counting those in flight; then nothing until they are stored, then the wait for the first critic.
+    cfg = config("aesrl", initial_steps=1000, batch_size=32)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    first = opt.ask(30, steps=0, inflight=0, critic_version=0, now=0.0)
+    assert len(first) == 1000 // cfg.max_episode_steps == 20 and all(s["random"] for s in first)
+    opt.recent_lens.extend([25] * 5)  # shorter episodes seen: room for more
+    assert len(opt.ask(30, steps=500, inflight=10, critic_version=0, now=1.0)) == 10  # 500 + 10·25 + 10·25
+    assert opt.ask(30, steps=900, inflight=4, critic_version=0, now=2.0) == []  # 900 + 4·25 in flight
+    more = opt.ask(30, steps=900, inflight=3, critic_version=0, now=3.0)
+    assert len(more) == 1 and more[0]["random"]
+    # stored: the phase is over and the critic wait holds new jobs, none of them random
+    assert opt.ask(30, steps=1000, inflight=0, critic_version=0, now=4.0) == [] and opt.waiting
+    late = opt.ask(3, steps=1000, inflight=0, critic_version=1, now=5.0)
+    assert len(late) == 3 and not any(s["random"] for s in late)
 
 
 def test_es_never_asks_rl_and_no_job_that_would_overshoot_the_budget() -> None:

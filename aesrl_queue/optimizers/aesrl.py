@@ -152,6 +152,13 @@ class AesrlOptimizer(OwnsDistribution):
             return []
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
+        if random_phase:
+            # No more random episodes than initial_steps: with many workers, the jobs in flight would
+            # otherwise all be random (14 workers stored 37 000 random steps for 10 000). Once the phase's
+            # steps are in flight, wait for them; then the critic wait above applies.
+            n = min(n, math.ceil((cfg.initial_steps - steps) / job_steps - inflight))
+            if n <= 0:
+                return []
         rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps)
         for _ in range(n):
             self.dispatched += 1
