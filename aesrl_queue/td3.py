@@ -23,6 +23,16 @@ log = logging.getLogger(__name__)
 BATCH_KEYS = ("obs", "act", "rew", "next_obs", "done")
 
 
+def pick_device(requested: str | torch.device | None) -> torch.device:
+    """The torch device of a critic daemon or TD3 run: "auto" (or none) is CUDA where torch sees one."""
+    if requested in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(requested)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device here; use --device cpu")
+    return dev
+
+
 def warm_up_torch() -> None:
     """Pay torch's lazy imports (torch._dynamo on the first optimizer, ~2 s) now.
 
@@ -48,7 +58,7 @@ def hard_update(target: nn.Module, source: nn.Module) -> None:
             tp.copy_(sp)
 
 
-def _critic_step(
+def critic_step(
     critic: Critic,
     critic_target: Critic,
     critic_opt: torch.optim.Optimizer,
@@ -62,6 +72,8 @@ def _critic_step(
     update_target: bool,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
+    """critic_update's step, returning [loss, mean Q1] as a tensor on the device: no host sync, so a
+    CUDA graph can capture it (the critic daemon does)."""
     obs, act, next_obs = batch["obs"], batch["act"], batch["next_obs"]
     # Rewards and dones may come as (B,) or (B, 1); the critic's outputs are (B, 1).
     rew = batch["rew"].reshape(-1, 1)
@@ -103,7 +115,7 @@ def critic_update(
     loss = MSE(Q1, y) + MSE(Q2, y). critic_target is then soft-updated with tau unless
     update_target is False (the TD3 baseline delays it to its policy steps).
     """
-    stats = _critic_step(
+    stats = critic_step(
         critic, critic_target, critic_opt, target_actor, batch, gamma, tau,
         policy_noise, noise_clip, max_action, update_target, generator,
     )
@@ -261,7 +273,7 @@ class TD3Agent:
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One TD3 iteration; returns critic loss, q1_mean and (on policy steps) actor_loss."""
-        stats = _critic_step(
+        stats = critic_step(
             self.critic, self.critic_target, self.critic_opt, self.actor_target, batch,
             self.gamma, self.tau, self.policy_noise, self.noise_clip, self.spec.max_action,
             update_target=False, generator=None,
@@ -372,6 +384,13 @@ class ReplayBuffer:
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Uniform sample with replacement: obs, act, rew (B,), next_obs, done (B,) — or obs only."""
         idx = self._indices(batch_size, generator)
+        return {k: t.index_select(0, idx) for k, t in self._data.items()}
+
+    def sample_in_graph(self, batch_size: int, size: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Uniform sample of the first `size` rows (a 0-d float tensor on the buffer's device) with no host
+        sync: what a step captured in a CUDA graph can replay while the buffer grows (the storage is
+        allocated at full capacity, so its addresses never change; update `size` in place)."""
+        idx = torch.minimum((torch.rand(batch_size, device=self.device) * size).long(), size.long() - 1)
         return {k: t.index_select(0, idx) for k, t in self._data.items()}
 
     def sample_obs(self, n: int, generator: torch.Generator | None = None) -> np.ndarray:

@@ -167,17 +167,25 @@ def scheduler() -> None:
 @click.option("--wandb-project", default=None,
               help="Also log the metrics to this Weights & Biases project (needs the wandb extra; "
                    "WANDB_MODE=offline works without a network).")
+@click.option("--device", default="auto",
+              help="Torch device of --algo td3, which trains in this process: auto (CUDA if present), cpu, cuda, "
+                   "cuda:1, ... (the queue algorithms train on the critic daemon's and the workers' devices).")
 def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=False, out_dir=None,
-                    tensorboard_dir=None, wandb_project=None, **kw) -> None:
+                    tensorboard_dir=None, wandb_project=None, device="auto", **kw) -> None:
     """Run the scheduler loop of a new run (or resume --run RUN) until its step budget is spent.
 
     An existing run id is never started over silently: --run/--resume continue it, --force deletes it.
     """
     from aesrl_queue.store import Store
+    from aesrl_queue.td3 import pick_device
     from scheduler.loop import install_signal_handlers, make_scheduler
 
     if run and force:
         fail("force: --run resumes a run, --force deletes one; pass one of them")
+    try:
+        pick_device(device)
+    except (ValueError, RuntimeError) as exc:
+        fail(f"device: {exc}")
     client = _connect(redis_url)
     if not run and kw.get("run_id") and Store(client, kw["run_id"]).exists():
         existing = Store(client, kw["run_id"])
@@ -209,7 +217,7 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
     stop = threading.Event()
     install_signal_handlers(stop)
     blocking = _connect(redis_url, blocking=True)
-    sched = make_scheduler(client, blocking, cfg, stop_event=stop)
+    sched = make_scheduler(client, blocking, cfg, stop_event=stop, device=device)
     click.echo(f"run {cfg.run_id}: scheduler started ({cfg.algo}, {cfg.env_id}, {cfg.actor_dim} parameters)", err=True)
     metrics = _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project)
     try:
@@ -295,7 +303,10 @@ def critic() -> None:
 @click.option("--run", "run", default=None, help="Run to serve (default: the newest run on this Redis).")
 @click.option("--device", default="auto", help="Torch device: auto (CUDA if present), cpu, cuda, cuda:1, ...")
 @click.option("--wait", type=float, default=120.0, help="Seconds to wait for the run to appear.")
-def critic_start(redis_url, run, device, wait) -> None:
+@click.option("--cuda-graph/--no-cuda-graph", default=True,
+              help="On CUDA, replay one critic step captured as a CUDA graph (~7× the steps/s of launching its "
+                   "kernels one by one; docs/performance.md). No effect on the CPU.")
+def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
     """Train the TD3 critic of a run continuously and republish its weights."""
     import torch
 
@@ -320,7 +331,8 @@ def critic_start(redis_url, run, device, wait) -> None:
     stop = threading.Event()
     install_signal_handlers(stop)
     try:
-        daemon = CriticDaemon(client, _connect(redis_url, blocking=True), chosen, device=device, stop_event=stop)
+        daemon = CriticDaemon(client, _connect(redis_url, blocking=True), chosen, device=device, stop_event=stop,
+                              cuda_graph=cuda_graph)
     except CodecError as exc:  # a CodecError is a ValueError too: not a device problem
         fail(f"run: the stored config of {chosen!r} is unusable: {exc}")
     except ValueError as exc:

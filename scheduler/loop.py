@@ -335,12 +335,13 @@ AsyncScheduler = Scheduler  # the name cli/ and bench/ used before every algorit
 
 
 def make_scheduler(client: redis.Redis, blocking_client: redis.Redis, cfg: RunConfig,
-                   stop_event: threading.Event | None = None):
-    """The scheduler of any --algo: this loop for the queue algorithms, the one-process TD3 for td3."""
+                   stop_event: threading.Event | None = None, device: str | None = "auto"):
+    """The scheduler of any --algo: this loop for the queue algorithms, the one-process TD3 for td3
+    (which trains on `device`: "auto" is CUDA where torch sees one)."""
     if cfg.algo == "td3":
         from scheduler.td3_baseline import TD3Baseline
 
-        return TD3Baseline(client, cfg, stop_event=stop_event)
+        return TD3Baseline(client, cfg, stop_event=stop_event, device=device)
     return Scheduler(client, blocking_client, cfg, stop_event=stop_event)
 
 

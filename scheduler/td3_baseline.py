@@ -24,7 +24,7 @@ from aesrl_queue.config import RunConfig
 from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.rollout import run_episodes
 from aesrl_queue.store import Store
-from aesrl_queue.td3 import ReplayBuffer, TD3Agent, to_numpy, to_tensors
+from aesrl_queue.td3 import ReplayBuffer, TD3Agent, pick_device, to_numpy, to_tensors
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,12 @@ class TD3Baseline:
     seconds at an episode's end, and when it stops); its replay is the run's `replay` stream."""
 
     def __init__(self, client: redis.Redis, cfg: RunConfig, stop_event: threading.Event | None = None,
-                 device: str = "cpu", checkpoint_every: float = 10.0) -> None:
+                 device: str | None = "auto", checkpoint_every: float = 10.0) -> None:
         self.r = client
         self.cfg = cfg
         self.store = Store(client, cfg.run_id)
         self.stop_event = stop_event or threading.Event()
-        self.device = device
+        self.device = pick_device(device)
         self.checkpoint_every = checkpoint_every
         self._last_ckpt = time.monotonic()
 

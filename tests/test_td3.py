@@ -252,6 +252,20 @@ def test_replay_ring_wraps():
     assert torch.equal(s["obs"], s2["obs"])
 
 
+def test_replay_sample_in_graph_draws_aligned_rows_from_the_first_size_rows_only():
+    # The critic daemon's CUDA-graph sampler: the size is a tensor updated in place as the buffer grows.
+    rb = ReplayBuffer(3, 2, capacity=50)
+    rb.add_batch(*_rows(0, 10))
+    size = torch.tensor(4.0)
+    torch.manual_seed(0)
+    s = rb.sample_in_graph(4000, size)
+    assert s["obs"].shape == (4000, 3) and s["rew"].shape == (4000,)
+    assert set(s["rew"].tolist()) == {0.0, 1.0, 2.0, 3.0}  # all of the first four rows, none after
+    assert torch.equal(s["obs"][:, 0], s["rew"]) and torch.equal(s["next_obs"][:, 0], s["rew"] + 0.5)
+    size.fill_(float(len(rb)))
+    assert set(rb.sample_in_graph(4000, size)["rew"].tolist()) == set(map(float, range(10)))
+
+
 def test_replay_validation():
     rb = ReplayBuffer(3, 2, capacity=5)
     with pytest.raises(ValueError, match="empty"):

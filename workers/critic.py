@@ -19,27 +19,27 @@ from aesrl_queue.codec import CodecError
 from aesrl_queue.connection import wait_until_reachable
 from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.store import Store
-from aesrl_queue.td3 import ReplayBuffer, critic_update, hard_update, to_numpy, to_tensors
+from aesrl_queue.td3 import (
+    ReplayBuffer,
+    critic_step,
+    critic_update,
+    hard_update,
+    pick_device,
+    to_numpy,
+    to_tensors,
+)
 
 log = logging.getLogger(__name__)
 
 DONE_STATUSES = ("finished", "failed")
 
 
-def pick_device(requested: str | None) -> torch.device:
-    if requested in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(requested)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch sees no CUDA device here; use --device cpu")
-    return dev
-
-
 class CriticDaemon:
     """Trains one run's critic until the run finishes or `stop_event` is set."""
 
     def __init__(self, client: redis.Redis, blocking_client: redis.Redis, run_id: str, device: str | None = None,
-                 stop_event: threading.Event | None = None, checkpoint_every: float = 10.0) -> None:
+                 stop_event: threading.Event | None = None, checkpoint_every: float = 10.0,
+                 cuda_graph: bool = True) -> None:
         self.r = client
         self.rb = blocking_client
         self.store = Store(client, run_id)
@@ -54,7 +54,13 @@ class CriticDaemon:
         self.critic = self.spec.make_critic(self.device)
         self.critic_target = self.spec.make_critic(self.device)
         hard_update(self.critic_target, self.critic)
-        self.opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
+        # On CUDA one critic step is ~100 small kernels, and launching them from Python, not the GPU, sets
+        # the pace (~300 steps/s on an H200 for 400-300). Captured once as a CUDA graph and replayed, the
+        # same step runs ~7× as fast (docs/performance.md, bench/gpu.py). Adam keeps its step count on the
+        # device for that (capturable).
+        self.cuda_graph = cuda_graph and self.device.type == "cuda"
+        self.opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, capturable=self.cuda_graph)
+        self.graph: torch.cuda.CUDAGraph | None = None
         self.target_actor = self.spec.make_actor(self.device)
         self.target_version: int | tuple[str, int] = -1  # μ's version, or ("actor", n) with rl_actor
         self.buffer = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
@@ -148,6 +154,12 @@ class CriticDaemon:
 
     # -- training -------------------------------------------------------------------------------
     def train_chunk(self, n: int) -> dict[str, float]:
+        if self.cuda_graph:
+            try:
+                return self._train_chunk_graph(n)
+            except RuntimeError as exc:  # a torch or driver that cannot capture: train step by step
+                log.warning("critic on %s: CUDA graph failed (%s); training without one", self.device, exc)
+                self.cuda_graph, self.graph = False, None
         cfg = self.cfg
         losses = []
         t0 = time.perf_counter()
@@ -161,6 +173,48 @@ class CriticDaemon:
         self.steps_per_s = n / dt if dt > 0 else 0.0
         self.trained += n
         return {"loss": float(np.mean(losses)), "q1_mean": float(out["q1_mean"]), "seconds": dt}
+
+    def _graph_step(self) -> torch.Tensor:
+        cfg = self.cfg
+        stats = critic_step(self.critic, self.critic_target, self.opt, self.target_actor,
+                             self.buffer.sample_in_graph(cfg.batch_size, self._size), cfg.gamma, cfg.tau,
+                             cfg.policy_noise, cfg.noise_clip, cfg.max_action, True, None)
+        self._sums.add_(stats)
+        return stats
+
+    def _train_chunk_graph(self, n: int) -> dict[str, float]:
+        """n critic steps, each a replay of one captured step (sample, target, twin critics, Adam, soft
+        update); the loss and Q1 are summed on the device and read once per chunk."""
+        t0 = time.perf_counter()
+        done = 0
+        if self.graph is None:
+            self._size = torch.zeros((), device=self.device)
+            self._sums = torch.zeros(2, device=self.device)
+            self._size.fill_(float(len(self.buffer)))
+            warm = min(n, 3)  # eager steps on a side stream first (Adam's state exists before the capture)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(warm):
+                    self._graph_step()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            done = warm
+            graph = torch.cuda.CUDAGraph()
+            self.opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):
+                self._graph_step()
+            self.graph = graph
+            log.info("critic on %s: one step captured as a CUDA graph", self.device)
+        else:
+            self._sums.zero_()
+        self._size.fill_(float(len(self.buffer)))
+        for _ in range(n - done):
+            self.graph.replay()
+        loss_sum, q1_sum = self._sums.tolist()  # the warm-up steps' too (a capture runs nothing)
+        dt = time.perf_counter() - t0
+        self.steps_per_s = n / dt if dt > 0 else 0.0
+        self.trained += n
+        return {"loss": loss_sum / n, "q1_mean": q1_sum / n, "seconds": dt}
 
     def publish(self, stats: dict[str, float]) -> None:
         self.version += 1
