@@ -121,6 +121,13 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # an individual that falls elsewhere take μ half the way or more (Hopper seed 1's final μ scored 971
     # after a median f(μ) of 1980 over 90-100k, docs/performance.md §3, the thirteenth sitting)
     "aesrl-rl-pairs2": (["--algo", "aesrl"], {"rl_eval_pairs": 2}),
+    # today's default with 14 workers instead of 2 (the issue's GPU run): every result meets a μ that
+    # has moved ~13 times since its individual was drawn; on 2 cores the jobs take 7× as long in wall
+    # clock, but the staleness in versions, what the update rule sees, is the GPU run's
+    "aesrl-w14": (["--algo", "aesrl"], {}),
+    # ... and with pair_shift: an ES individual drawn from an older μ is told as its offset from that μ
+    # added to today's, so that moving towards it does not also undo the ~13 moves made meanwhile
+    "aesrl-w14-shift": (["--algo", "aesrl"], {"pair_shift": True}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
                                      {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
@@ -279,6 +286,7 @@ MODES: dict[str, dict[str, EnvSettings]] = {
 }
 FULL_SEEDS = (1, 2, 3)
 WORKERS = 2
+WORKERS_OF = {"aesrl-w14": 14, "aesrl-w14-shift": 14}  # variants that run another number of workers
 
 
 @dataclass(frozen=True)
@@ -357,7 +365,7 @@ def cell_command(cell: Cell, s: EnvSettings, env_dir: Path, cfg_file: Path | Non
             cmd += ["--start-steps", str(s.random_steps)]
     else:
         cmd = [sys.executable, "-m", "cli.main", "run", "--env", cell.env, *RUN_ARGS[cell.algo],
-               "--seed", str(cell.seed), "--steps", str(s.steps), "--workers", str(WORKERS),
+               "--seed", str(cell.seed), "--steps", str(s.steps), "--workers", str(WORKERS_OF.get(cell.algo, WORKERS)),
                "--out", str(env_dir), "--run-id", name]
     if s.hidden:
         cmd += ["--hidden", s.hidden, "--critic-hidden", s.critic_hidden]
@@ -809,7 +817,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = {"env": cell.env, "algo": cell.algo, "seed": cell.seed, "budget_steps": s.steps,
                "wall_s": round(wall, 1), **stats,
-               "settings": {**asdict(s), "describe": s.describe(), "workers": WORKERS, "mode": mode},
+               "settings": {**asdict(s), "describe": s.describe(), "workers": WORKERS_OF.get(cell.algo, WORKERS),
+                            "mode": mode},
                "command": " ".join(Path(c).name if c == sys.executable else c for c in cmd),
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": cell_commit,
                "loadavg_start": [round(x, 2) for x in load_start],

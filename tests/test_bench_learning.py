@@ -103,6 +103,11 @@ def test_every_cell_shares_the_same_settings():
         assert learning.cell_config(cell, s)["initial_steps"] == 10_000
     paper = learning.cell_command(learning.Cell("Hopper-v5", "aesrl-paper", 1), s, Path("/x"), None)
     assert paper[paper.index("--r") + 1] == "paper" and paper[paper.index("--workers") + 1] == "2"
+    # the many-worker variants change the number of workers and nothing else
+    w14 = learning.cell_command(learning.Cell("HalfCheetah-v5", "aesrl-w14", 1), s, Path("/x"), None)
+    assert w14[w14.index("--workers") + 1] == "14"
+    assert learning.cell_config(learning.Cell("HalfCheetah-v5", "aesrl-w14", 1), s) == \
+        learning.cell_config(learning.Cell("HalfCheetah-v5", "aesrl", 1), s)
 
 
 def test_rows_already_there_are_skipped_and_reported(tmp_path, capsys):

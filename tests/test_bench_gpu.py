@@ -1,0 +1,40 @@
+"""bench/gpu.py at toy sizes on the CPU: the micro table and a short race of two real runs (a machine
+with CUDA adds the CUDA rows; the numbers themselves are docs/performance.md §5's business)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, child_env
+
+
+def bench(*args: str, timeout: float) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), *args], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_micro_prints_a_row_per_device_with_measured_rates():
+    out = bench("micro", "--env", "Pendulum-v1", "--hidden", "16,16", "--rl-steps", "20", "--seconds", "0.3",
+                timeout=120)
+    row = next(line for line in out.splitlines() if line.startswith("| cpu"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1]) > 0 and float(cells[2]) > 0  # critic steps/s, seconds of 20 actor steps
+
+
+@pytest.mark.slow
+def test_race_runs_aesrl_beside_td3_and_tables_f_mu_against_wall_clock(tmp_path):
+    out = bench("race", "--env", "Pendulum-v1", "--hidden", "16,16", "--random-steps", "400", "--minutes", "0.5",
+                "--workers", "1", "--out", str(tmp_path), timeout=240)
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    assert res["exit"] == {"aesrl": 143, "td3": 143}  # both ran the whole time, then took SIGTERM
+    for algo in ("aesrl", "td3"):
+        run = res["runs"][algo]
+        assert run["steps"] > 400 and run["evals"], run  # past the random phase, with f(μ) evaluations
+        assert (tmp_path / f"{algo}-gpu" / "summary.json").is_file()
+    assert "| 0.5 min |" in out and "stored steps per minute: aesrl" in out
