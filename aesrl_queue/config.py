@@ -125,6 +125,11 @@ class RunConfig:
     # holds new jobs after the random phase, so that RL jobs train against a critic that has seen the
     # data; 0 = never hold (the published code, which relies on a GPU critic keeping up)
     critic_lag: int = 5000
+    # and once it is within critic_lag, dispatch no more jobs at a time than the room left under it
+    # holds (full-length episodes until lengths are known): with 14 workers the gate otherwise opens
+    # to a burst of ~28 jobs drawn from one μ, which overshoot the lag by 28 000 steps on HalfCheetah
+    # and are told one after another against a μ that moves under them
+    critic_lag_room: bool = True
     replay_capacity: int = 200_000
     # f(μ) that every job reports (not stored): `mean_eval_episodes` episodes of the μ the individual
     # was drawn from. Paired: the first starts from the same state as the individual's episode, so
@@ -289,6 +294,7 @@ class RunConfig:
         need(not self.es_antithetic or self.algo in ("aesrl", "es"), "es_antithetic",
              f"applies to --algo aesrl and es, not {self.algo!r}")
         need(isinstance(self.pair_shift, bool), "pair_shift", "must be true or false")
+        need(isinstance(self.critic_lag_room, bool), "critic_lag_room", "must be true or false")
         need(not self.pair_shift or self.algo in ("aesrl", "es"), "pair_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
         need(real(self.action_noise) and 0 <= self.action_noise <= 1, "action_noise",

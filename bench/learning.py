@@ -128,6 +128,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # ... and with pair_shift: an ES individual drawn from an older μ is told as its offset from that μ
     # added to today's, so that moving towards it does not also undo the ~13 moves made meanwhile
     "aesrl-w14-shift": (["--algo", "aesrl"], {"pair_shift": True}),
+    # ... and without critic_lag_room (before the fifteenth sitting): the lag gate opens to a burst of
+    # jobs drawn from one μ
+    "aesrl-w14-burst": (["--algo", "aesrl"], {"critic_lag_room": False}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
                                      {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
@@ -286,7 +289,7 @@ MODES: dict[str, dict[str, EnvSettings]] = {
 }
 FULL_SEEDS = (1, 2, 3)
 WORKERS = 2
-WORKERS_OF = {"aesrl-w14": 14, "aesrl-w14-shift": 14}  # variants that run another number of workers
+WORKERS_OF = {"aesrl-w14": 14, "aesrl-w14-shift": 14, "aesrl-w14-burst": 14}  # variants that run another number of workers
 
 
 @dataclass(frozen=True)

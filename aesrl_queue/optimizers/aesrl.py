@@ -150,6 +150,11 @@ class AesrlOptimizer(OwnsDistribution):
         self._lag_holding = rl_ready and self._critic_behind(steps, critic_steps, now)
         if self._lag_holding:
             return []
+        room = cfg.critic_lag - (steps - critic_steps)
+        if rl_ready and cfg.critic_lag and cfg.critic_lag_room and steps >= cfg.initial_steps and room >= 0:
+            # within critic_lag: one job, or as many as the room left holds (a stopped critic, which no
+            # longer holds the run with room < 0, caps nothing)
+            n = min(n, max(1, math.ceil(room / job_steps)))
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
         if random_phase:
