@@ -130,6 +130,12 @@ class RunConfig:
     # to a burst of ~28 jobs drawn from one μ, which overshoot the lag by 28 000 steps on HalfCheetah
     # and are told one after another against a μ that moves under them
     critic_lag_room: bool = True
+    # dispatch no more random-phase episodes than initial_steps holds, counting those in flight. Off by
+    # default: every job asked while fewer than initial_steps are stored is random, so 2 workers store
+    # 1-3 random episodes more than initial_steps, and that measured better (HalfCheetah seed 1 at 100k:
+    # 4670 without the cap, 1511 and 1758 with it; docs/performance.md §3, the fifteenth sitting). 14
+    # workers store 37 000 random steps for 10 000 without it.
+    random_cap: bool = False
     replay_capacity: int = 200_000
     # f(μ) that every job reports (not stored): `mean_eval_episodes` episodes of the μ the individual
     # was drawn from. Paired: the first starts from the same state as the individual's episode, so
@@ -295,6 +301,7 @@ class RunConfig:
              f"applies to --algo aesrl and es, not {self.algo!r}")
         need(isinstance(self.pair_shift, bool), "pair_shift", "must be true or false")
         need(isinstance(self.critic_lag_room, bool), "critic_lag_room", "must be true or false")
+        need(isinstance(self.random_cap, bool), "random_cap", "must be true or false")
         need(not self.pair_shift or self.algo in ("aesrl", "es"), "pair_shift",
              f"applies to --algo aesrl and es, not {self.algo!r}")
         need(real(self.action_noise) and 0 <= self.action_noise <= 1, "action_noise",

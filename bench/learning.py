@@ -24,7 +24,8 @@ final/qNN = mean f(μ) over the last tenth of [0, NN % of budget_steps] of store
 the run folder; for td3 and sb3-td3 the deterministic actor, 5 episodes every 5,000 steps) and
 interactions = every environment step, f(μ) evaluation episodes included; plus "steps", "curve"
 ([stored steps, interactions, elapsed s, f(μ)], block means, at most 200 points), "settings",
-"command", "date", "commit", "loadavg_start", "loadavg_end", "cores".
+"command", "date", "commit", "versions" (of mujoco, gymnasium, torch, numpy and SB3), "loadavg_start",
+"loadavg_end", "cores".
 
 Usage:
     python bench/learning.py                       run every missing cell (seed-major), then report
@@ -122,15 +123,16 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # after a median f(μ) of 1980 over 90-100k, docs/performance.md §3, the thirteenth sitting)
     "aesrl-rl-pairs2": (["--algo", "aesrl"], {"rl_eval_pairs": 2}),
     # today's default with 14 workers instead of 2 (the issue's GPU run): every result meets a μ that
-    # has moved ~13 times since its individual was drawn; on 2 cores the jobs take 7× as long in wall
-    # clock, but the staleness in versions, what the update rule sees, is the GPU run's
+    # has moved more since its individual was drawn; on 2 cores the jobs take 7× as long in wall clock,
+    # but the staleness in versions, what the update rule sees, is like the GPU run's
     "aesrl-w14": (["--algo", "aesrl"], {}),
-    # ... and with pair_shift: an ES individual drawn from an older μ is told as its offset from that μ
-    # added to today's, so that moving towards it does not also undo the ~13 moves made meanwhile
-    "aesrl-w14-shift": (["--algo", "aesrl"], {"pair_shift": True}),
-    # ... and without critic_lag_room (before the fifteenth sitting): the lag gate opens to a burst of
-    # jobs drawn from one μ
-    "aesrl-w14-burst": (["--algo", "aesrl"], {"critic_lag_room": False}),
+    # ... with random_cap (no more random episodes than initial_steps, counting those in flight)
+    "aesrl-w14-cap": (["--algo", "aesrl"], {"random_cap": True}),
+    # ... and also without critic_lag_room: the lag gate opens to a burst of jobs drawn from one μ
+    "aesrl-w14-burst-cap": (["--algo", "aesrl"], {"critic_lag_room": False, "random_cap": True}),
+    # random_cap at 2 workers, with and without critic_lag_room
+    "aesrl-cap": (["--algo", "aesrl"], {"random_cap": True}),
+    "aesrl-lag-burst-cap": (["--algo", "aesrl"], {"critic_lag_room": False, "random_cap": True}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
                                      {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
@@ -289,7 +291,7 @@ MODES: dict[str, dict[str, EnvSettings]] = {
 }
 FULL_SEEDS = (1, 2, 3)
 WORKERS = 2
-WORKERS_OF = {"aesrl-w14": 14, "aesrl-w14-shift": 14, "aesrl-w14-burst": 14}  # variants that run another number of workers
+WORKERS_OF = {"aesrl-w14": 14, "aesrl-w14-cap": 14, "aesrl-w14-burst-cap": 14}  # variants that run another number of workers
 
 
 @dataclass(frozen=True)
@@ -492,6 +494,20 @@ def git_commit() -> str:
                               timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def package_versions() -> dict[str, str]:
+    """The versions a cell's learning depends on beyond the code: the simulator above all (MuJoCo 4.0.0
+    came out during the table's sittings, and a row must say which physics it measured)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("mujoco", "gymnasium", "torch", "numpy", "stable-baselines3"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
 
 
 # -- report ----------------------------------------------------------------------------------------------
@@ -823,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
                "settings": {**asdict(s), "describe": s.describe(), "workers": WORKERS_OF.get(cell.algo, WORKERS),
                             "mode": mode},
                "command": " ".join(Path(c).name if c == sys.executable else c for c in cmd),
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": cell_commit,
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": cell_commit, "versions": package_versions(),
                "loadavg_start": [round(x, 2) for x in load_start],
                "loadavg_end": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count()}
         append_row(json_path, row)

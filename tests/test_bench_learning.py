@@ -147,6 +147,8 @@ def test_learning_quick_rows_in_a_temporary_folder():
             assert r["budget_steps"] == 1_200 and r["interactions"] >= r["budget_steps"]
             assert isinstance(r["final"], float) and math.isfinite(r["final"]) and r["wall_s"] > 0
             assert 1 <= len(r["curve"]) <= learning.CURVE_POINTS
+            from importlib.metadata import version
+            assert r["versions"]["mujoco"] == version("mujoco") and r["versions"]["torch"] == version("torch")
             assert (out_dir / "learning" / "Pendulum-v1" / f"{r['algo']}-s1" / "metrics.jsonl").is_file()
         png = out_dir / "learning" / "curves-Pendulum-v1.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -64,9 +64,8 @@ def roundtrip(opt):
 
 # -- AES-RL and its asynchronous relatives ---------------------------------------------------------------
 def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_exists() -> None:
-    cfg = config("aesrl", initial_steps=150, batch_size=32)
+    cfg = config("aesrl", initial_steps=100, batch_size=32)
     opt = AesrlOptimizer(cfg, mu0(cfg))
-    assert cfg.max_episode_steps == 50  # the random phase is three full episodes
     specs = opt.ask(3, steps=0, inflight=0, critic_version=0, now=0.0)
     assert [s["n"] for s in specs] == [1, 2, 3]
     assert [s["seed"] for s in specs] == [job_seed(cfg.seed, n) for n in (1, 2, 3)]
@@ -83,7 +82,7 @@ def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_ex
 
 
 def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopped_critic() -> None:
-    cfg = config("aesrl", initial_steps=200, batch_size=32, critic_lag=500, total_steps=100_000)
+    cfg = config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     # In the random phase the critic's progress never holds a job.
     assert len(opt.ask(2, steps=90, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
@@ -98,7 +97,7 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     assert not opt.waiting
     assert len(opt.ask(9, steps=1000, inflight=0, critic_version=3, critic_steps=600, now=2.0 + cfg.critic_wait)) == 2
     assert len(opt.ask(9, steps=1000, inflight=0, critic_version=3, critic_steps=1000, now=2.0 + cfg.critic_wait)) == 9
-    burst = AesrlOptimizer(config("aesrl", initial_steps=200, batch_size=32, critic_lag=500, total_steps=100_000,
+    burst = AesrlOptimizer(config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000,
                                   critic_lag_room=False), mu0(cfg))
     assert len(burst.ask(9, steps=1000, inflight=0, critic_version=3, critic_steps=600, now=0.0)) == 9
     # A critic that stops training holds the run for critic_wait seconds only.
@@ -112,10 +111,12 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     assert len(free.ask(2, steps=5000, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
 
 
-def test_aesrl_random_phase_dispatches_no_more_random_steps_than_initial_steps() -> None:
-    # Many workers ask for many jobs at once: only as many random episodes as initial_steps holds go out,
+def test_aesrl_random_cap_dispatches_no_more_random_steps_than_initial_steps() -> None:
+    # Many workers ask for many jobs at once: with random_cap only as many random episodes as initial_steps holds go out,
     # counting those in flight; then nothing until they are stored, then the wait for the first critic.
-    cfg = config("aesrl", initial_steps=1000, batch_size=32)
+    cfg = config("aesrl", initial_steps=1000, batch_size=32, random_cap=True)
+    uncapped = AesrlOptimizer(config("aesrl", initial_steps=1000, batch_size=32), mu0(cfg))
+    assert len(uncapped.ask(30, steps=0, inflight=0, critic_version=0, now=0.0)) == 30  # the default
     opt = AesrlOptimizer(cfg, mu0(cfg))
     first = opt.ask(30, steps=0, inflight=0, critic_version=0, now=0.0)
     assert len(first) == 1000 // cfg.max_episode_steps == 20 and all(s["random"] for s in first)

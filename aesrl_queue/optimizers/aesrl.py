@@ -157,7 +157,7 @@ class AesrlOptimizer(OwnsDistribution):
             n = min(n, max(1, math.ceil(room / job_steps)))
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
-        if random_phase:
+        if random_phase and cfg.random_cap:
             # No more random episodes than initial_steps: with many workers, the jobs in flight would
             # otherwise all be random (14 workers stored 37 000 random steps for 10 000). Once the phase's
             # steps are in flight, wait for them; then the critic wait above applies.
