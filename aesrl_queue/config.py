@@ -132,9 +132,9 @@ class RunConfig:
     critic_lag_room: bool = True
     # dispatch no more random-phase episodes than initial_steps holds, counting those in flight. Off by
     # default: every job asked while fewer than initial_steps are stored is random, so 2 workers store
-    # 1-3 random episodes more than initial_steps, and that measured better (HalfCheetah seed 1 at 100k:
-    # 4670 without the cap, 1511 and 1758 with it; docs/performance.md §3, the fifteenth sitting). 14
-    # workers store 37 000 random steps for 10 000 without it.
+    # 1-3 random episodes more and 14 workers 37 000 random steps for 10 000. At 2 workers either way
+    # lies within HalfCheetah's run-to-run spread; with 14 workers (CPU, seed 1) the run without the
+    # cap ended at 4532 and the one with it at 1409 (docs/performance.md §3, the fifteenth sitting).
     random_cap: bool = False
     replay_capacity: int = 200_000
     # f(μ) that every job reports (not stored): `mean_eval_episodes` episodes of the μ the individual

@@ -125,14 +125,17 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # today's default with 14 workers instead of 2 (the GPU run): every result meets a μ that
     # has moved more since its individual was drawn; on 2 cores the jobs take 7× as long in wall clock,
     # but the staleness in versions, what the update rule sees, is like the GPU run's
-    "aesrl-w14": (["--algo", "aesrl"], {}),
+    "aesrl-w14": (["--algo", "aesrl"], {"critic_lag_room": True, "random_cap": False}),
     # ... with random_cap (no more random episodes than initial_steps, counting those in flight)
-    "aesrl-w14-cap": (["--algo", "aesrl"], {"random_cap": True}),
+    "aesrl-w14-cap": (["--algo", "aesrl"], {"critic_lag_room": True, "random_cap": True}),
     # ... and also without critic_lag_room: the lag gate opens to a burst of jobs drawn from one μ
     "aesrl-w14-burst-cap": (["--algo", "aesrl"], {"critic_lag_room": False, "random_cap": True}),
+    "aesrl-w14-burst": (["--algo", "aesrl"], {"critic_lag_room": False, "random_cap": False}),
     # random_cap at 2 workers, with and without critic_lag_room
-    "aesrl-cap": (["--algo", "aesrl"], {"random_cap": True}),
+    "aesrl-cap": (["--algo", "aesrl"], {"critic_lag_room": True, "random_cap": True}),
     "aesrl-lag-burst-cap": (["--algo", "aesrl"], {"critic_lag_room": False, "random_cap": True}),
+    "aesrl-lag-burst": (["--algo", "aesrl"], {"critic_lag_room": False, "random_cap": False}),
+    "aesrl-lag-room": (["--algo", "aesrl"], {"critic_lag_room": True, "random_cap": False}),
     "aesrl-fixed-linear-rl-no-var": (["--algo", "aesrl", "--mean-rule", "fixed-linear"],
                                      {**R_ALL, "rl_var_update": False}),
     # the published code: jobs never wait for the critic, which on a CPU falls far behind the replay
@@ -291,7 +294,7 @@ MODES: dict[str, dict[str, EnvSettings]] = {
 }
 FULL_SEEDS = (1, 2, 3)
 WORKERS = 2
-WORKERS_OF = {"aesrl-w14": 14, "aesrl-w14-cap": 14, "aesrl-w14-burst-cap": 14}  # variants that run another number of workers
+WORKERS_OF = {"aesrl-w14": 14, "aesrl-w14-cap": 14, "aesrl-w14-burst-cap": 14, "aesrl-w14-burst": 14}  # variants that run another number of workers
 
 
 @dataclass(frozen=True)
