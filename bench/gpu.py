@@ -105,7 +105,7 @@ def micro(env_id: str, seconds: float, hidden: str = PAPER_HIDDEN, rl_steps: int
         critic_sps = timed(step, seconds, dev)
         extra = {}
         if dev == "cuda":
-            extra = cuda_variants(spec, cfg, data, seconds)
+            extra = cuda_variants(spec, cfg, replay, seconds)
 
         def sample(k, replay=replay, gen=gen):
             return replay.sample(k, generator=gen)["obs"]
@@ -142,17 +142,16 @@ def timed(step, seconds: float, dev: str, warm: int = 20) -> float:
     return done / (time.perf_counter() - t0)
 
 
-def cuda_variants(spec, cfg, data: dict, seconds: float, dev: str = "cuda") -> dict:
+def cuda_variants(spec, cfg, replay, seconds: float) -> dict:
     """What limits the critic on CUDA: the same update (1) without reading the loss back every step and
     (2) captured once as a CUDA graph and replayed (sampling, target, both critics, Adam with its state
     on the device, soft update), so that Python issues one launch per step instead of ~100."""
     import torch
 
-    from aesrl_queue.td3 import ReplayBuffer, critic_step, hard_update
+    from aesrl_queue.td3 import critic_step, hard_update
 
     out = {}
-    replay = ReplayBuffer(cfg.obs_dim, cfg.act_dim, len(data["rew"]), device=dev)
-    replay.add_batch(data["obs"], data["act"], data["rew"], data["next_obs"], data["done"])
+    dev = replay.device.type  # the daemon's sampler and update, on `replay`'s device (CPU: no graph)
     size = torch.tensor(float(len(replay)), device=dev)  # the daemon's replay grows: a tensor, not a constant
     for name, capturable in (("nosync", False), ("graph", True))[:2 if dev == "cuda" else 1]:
         critic, target = spec.make_critic(dev), spec.make_critic(dev)
@@ -161,10 +160,8 @@ def cuda_variants(spec, cfg, data: dict, seconds: float, dev: str = "cuda") -> d
         target_actor = spec.make_actor(dev)
 
         def step(critic=critic, target=target, opt=opt, target_actor=target_actor):
-            idx = (torch.rand(cfg.batch_size, device=dev) * size).long()
-            batch = {k: t.index_select(0, idx) for k, t in replay._data.items()}
-            return critic_step(critic, target, opt, target_actor, batch, cfg.gamma, cfg.tau, cfg.policy_noise,
-                                cfg.noise_clip, cfg.max_action, True, None)
+            return critic_step(critic, target, opt, target_actor, replay.sample_in_graph(cfg.batch_size, size),
+                               cfg.gamma, cfg.tau, cfg.policy_noise, cfg.noise_clip, cfg.max_action, True, None)
 
         if name == "nosync":
             out["critic_steps_per_s_nosync"] = timed(step, seconds, dev)

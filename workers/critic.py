@@ -61,6 +61,9 @@ class CriticDaemon:
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
         self.opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, capturable=self.cuda_graph)
         self.graph: torch.cuda.CUDAGraph | None = None
+        if self.cuda_graph:  # what the graph reads and writes in place: the replay's size, [loss, Q1] sums
+            self._size = torch.zeros((), device=self.device)
+            self._sums = torch.zeros(2, device=self.device)
         self.target_actor = self.spec.make_actor(self.device)
         self.target_version: int | tuple[str, int] = -1  # μ's version, or ("actor", n) with rl_actor
         self.buffer = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
@@ -169,10 +172,7 @@ class CriticDaemon:
                                 gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
                                 noise_clip=cfg.noise_clip, max_action=cfg.max_action)
             losses.append(out["loss"])
-        dt = time.perf_counter() - t0
-        self.steps_per_s = n / dt if dt > 0 else 0.0
-        self.trained += n
-        return {"loss": float(np.mean(losses)), "q1_mean": float(out["q1_mean"]), "seconds": dt}
+        return self._chunk_done(n, t0, float(np.mean(losses)), float(out["q1_mean"]))
 
     def _graph_step(self) -> torch.Tensor:
         cfg = self.cfg
@@ -182,39 +182,42 @@ class CriticDaemon:
         self._sums.add_(stats)
         return stats
 
+    def _capture(self, warm: int) -> None:
+        """Run `warm` eager steps on a side stream (Adam's state must exist before the capture), then
+        capture one step as self.graph. A capture runs nothing: only the warm-up steps train."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(warm):
+                self._graph_step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            self._graph_step()
+        self.graph = graph
+        log.info("critic on %s: one step captured as a CUDA graph", self.device)
+
     def _train_chunk_graph(self, n: int) -> dict[str, float]:
         """n critic steps, each a replay of one captured step (sample, target, twin critics, Adam, soft
         update); the loss and Q1 are summed on the device and read once per chunk."""
         t0 = time.perf_counter()
-        done = 0
-        if self.graph is None:
-            self._size = torch.zeros((), device=self.device)
-            self._sums = torch.zeros(2, device=self.device)
-            self._size.fill_(float(len(self.buffer)))
-            warm = min(n, 3)  # eager steps on a side stream first (Adam's state exists before the capture)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(warm):
-                    self._graph_step()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            done = warm
-            graph = torch.cuda.CUDAGraph()
-            self.opt.zero_grad(set_to_none=True)
-            with torch.cuda.graph(graph):
-                self._graph_step()
-            self.graph = graph
-            log.info("critic on %s: one step captured as a CUDA graph", self.device)
-        else:
-            self._sums.zero_()
+        self._sums.zero_()
         self._size.fill_(float(len(self.buffer)))
-        for _ in range(n - done):
+        warm = 0
+        if self.graph is None:
+            warm = min(n, 3)
+            self._capture(warm)
+        for _ in range(n - warm):
             self.graph.replay()
-        loss_sum, q1_sum = self._sums.tolist()  # the warm-up steps' too (a capture runs nothing)
+        loss_sum, q1_sum = self._sums.tolist()  # the warm-up steps' too
+        return self._chunk_done(n, t0, loss_sum / n, q1_sum / n)
+
+    def _chunk_done(self, n: int, t0: float, loss: float, q1_mean: float) -> dict[str, float]:
         dt = time.perf_counter() - t0
         self.steps_per_s = n / dt if dt > 0 else 0.0
         self.trained += n
-        return {"loss": loss_sum / n, "q1_mean": q1_sum / n, "seconds": dt}
+        return {"loss": loss, "q1_mean": q1_mean, "seconds": dt}
 
     def publish(self, stats: dict[str, float]) -> None:
         self.version += 1
