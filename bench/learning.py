@@ -17,6 +17,9 @@ is reported and not recorded.
 Layout (OUT = bench/results; --quick: a new temporary folder unless --out-dir is given):
     OUT/learning.json                          {"rows": [row, ...]}, one row per finished cell
     OUT/learning/<env>/<algo>-s<seed>/         run folder (git-ignored), beside it .log and .config.json
+    OUT/learning-repeats.json                  --repeat: rows of cells run again ("counts": true for the
+                                               main algorithms), the report's every-run table
+    OUT/learning/<env>/<algo>-s<seed>-r<time>/ --repeat: that run's folder
     OUT/learning/curves-<env>.png              f(μ) against stored steps, wall clock and interactions
     OUT/learning/curves-<env>-variants.png     the same for the variants, beside the default
 A row: {"env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s"} where
@@ -33,6 +36,7 @@ Usage:
     python bench/learning.py --cells Hopper-v5:td3:1,Hopper-v5:aesrl:1
     python bench/learning.py --envs Hopper-v5 --algos aesrl,td3 --seeds 1,2
     python bench/learning.py --report              tables and plots from learning.json only
+    python bench/learning.py --cells HalfCheetah-v5:td3:2 --repeat --note "why"   run a cell again
     python bench/learning.py --quick               tiny Pendulum-v1 budget, temporary folder
 """
 
@@ -347,9 +351,11 @@ def append_row(path: Path, row: dict[str, Any]) -> None:
     cannot drop each other's rows by reading before the other's write."""
     with open(path.with_suffix(".json.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        rows = load_rows(path) + [row]
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data = data if isinstance(data, dict) else {"rows": data}  # other keys (an "about") are kept
+        data["rows"] = data.get("rows", []) + [row]
         tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"rows": rows}, indent=1, default=_json_default) + "\n")
+        tmp.write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
         os.replace(tmp, path)
 
 
@@ -364,8 +370,8 @@ def _json_default(x: Any) -> Any:
 
 
 # -- one cell --------------------------------------------------------------------------------------------
-def cell_command(cell: Cell, s: EnvSettings, env_dir: Path, cfg_file: Path | None) -> list[str]:
-    name = f"{cell.algo}-s{cell.seed}"
+def cell_command(cell: Cell, s: EnvSettings, env_dir: Path, cfg_file: Path | None, suffix: str = "") -> list[str]:
+    name = f"{cell.algo}-s{cell.seed}{suffix}"
     if cell.algo == "sb3-td3":
         cmd = [sys.executable, str(ROOT / "bench" / "sb3_td3.py"), "--env", cell.env, "--seed", str(cell.seed),
                "--steps", str(s.steps), "--out", str(env_dir / name), "--eval-every", str(s.eval_every)]
@@ -410,11 +416,12 @@ def kill_group(proc: subprocess.Popen) -> None:
             pass
 
 
-def run_cell(cell: Cell, s: EnvSettings, runs_dir: Path) -> tuple[Path, float, str, list[str]]:
-    """Run one cell in its own process group; returns (run folder, wall s, outcome, command)."""
+def run_cell(cell: Cell, s: EnvSettings, runs_dir: Path, suffix: str = "") -> tuple[Path, float, str, list[str]]:
+    """Run one cell in its own process group; returns (run folder, wall s, outcome, command).
+    `suffix` names a repeat's folder apart from the cell's own."""
     env_dir = runs_dir / cell.env
     env_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{cell.algo}-s{cell.seed}"
+    name = f"{cell.algo}-s{cell.seed}{suffix}"
     folder, log_path = env_dir / name, env_dir / f"{name}.log"
     if folder.exists():  # left by a failed or interrupted attempt
         shutil.rmtree(folder)
@@ -423,7 +430,7 @@ def run_cell(cell: Cell, s: EnvSettings, runs_dir: Path) -> tuple[Path, float, s
     if cfg:
         cfg_file = env_dir / f"{name}.config.json"
         cfg_file.write_text(json.dumps(cfg))
-    cmd = cell_command(cell, s, env_dir, cfg_file)
+    cmd = cell_command(cell, s, env_dir, cfg_file, suffix)
     env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env_vars.pop("AESRL_REDIS_URL", None)  # every cell starts its own embedded Redis
     t0 = time.monotonic()
@@ -672,6 +679,52 @@ def targets(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) if lines else "  (no comparable cells yet)"
 
 
+def counted_repeats(repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The repeats that are runs of the algorithm as its table row ran it (`"counts": true`), not variants."""
+    return [r for r in repeats if r.get("counts") and r["algo"] in ALGOS]
+
+
+def per_seed_medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One pseudo-row per seed: the median of that seed's runs at 25 / 50 / 100 % (and their finals)."""
+    out = []
+    for seed in sorted({r["seed"] for r in runs}):
+        rs = [r for r in runs if r["seed"] == seed]
+        out.append({"seed": seed, "runs": len(rs), "finals": [r["final"] for r in rs],
+                    **{k: float(np.median([r[k] for r in rs])) for k in ("q25", "q50", "final")}})
+    return out
+
+
+def table_every_run(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> str:
+    """The main algorithms with every counted run of a seed: each seed's median run, then mean ± std over
+    seeds, beside the table's one-run-per-seed figures; and the 100 % targets on that footing."""
+    extra = counted_repeats(repeats)
+    if not extra:
+        return ""
+    envs = {(r["env"], r["budget_steps"]) for r in extra}
+    head = ["env", "algo", "seeds", "runs", "f(μ) @25%", "@50%", "@100%", "@100% (table)", "finals per seed"]
+    body, medians = [], {}
+    for (env, budget, algo), rs in groups(rows).items():
+        if algo not in ALGOS or (env, budget) not in envs:
+            continue
+        runs = rs + [r for r in extra if (r["env"], r["budget_steps"], r["algo"]) == (env, budget, algo)]
+        med = medians[(env, budget, algo)] = per_seed_medians(runs)
+        body.append([env, algo, str(len(med)), str(len(runs)), mean_std([m["q25"] for m in med]),
+                     mean_std([m["q50"] for m in med]), mean_std([m["final"] for m in med]),
+                     mean_std([r["final"] for r in rs]),
+                     "; ".join(f"s{m['seed']}: " + ", ".join(f"{x:.0f}" for x in m["finals"]) for m in med)])
+    lines = [render(head, body)]
+    for (env, budget, algo), med in medians.items():
+        if algo != "aesrl":
+            continue
+        a = float(np.mean([m["final"] for m in med]))
+        for other in ("td3", "cemrl"):
+            if (env, budget, other) in medians:
+                o = float(np.mean([m["final"] for m in medians[(env, budget, other)]]))
+                lines.append(f"{env}: with every run (median per seed), aesrl {a:.0f} >= {other} {o:.0f} at 100 %: "
+                             f"{'met' if a >= o else 'missed'}")
+    return "\n".join(lines)
+
+
 def settings_lines(rows: list[dict[str, Any]]) -> list[str]:
     seen: dict[str, str] = {}
     for r in rows:
@@ -720,7 +773,7 @@ def plot_env(rows: list[dict[str, Any]], env: str, path: Path, title: str = "") 
     plt.close(fig)
 
 
-def report(rows: list[dict[str, Any]], runs_dir: Path) -> None:
+def report(rows: list[dict[str, Any]], runs_dir: Path, repeats: list[dict[str, Any]] | None = None) -> None:
     if not rows:
         print("no finished cells yet")
         return
@@ -731,6 +784,11 @@ def report(rows: list[dict[str, Any]], runs_dir: Path) -> None:
     print(table_interactions(rows) or "  (needs two algorithms of one environment)")
     print("\nTargets (issue 14):")
     print(targets(rows))
+    every = table_every_run(rows, repeats or [])
+    if every:
+        print("\nWith the same-seed repeats (learning-repeats.json, the runs marked as counting): each seed's "
+              "median run, then mean ± std over seeds; '@100% (table)' is the one-run-per-seed figure above:")
+        print(every)
     print()
     print(es_line(rows))
     print("\nSettings (the same for every algorithm of an environment; queue runs use "
@@ -773,6 +831,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="kill a cell after this many minutes (default 90; --quick 3)")
     ap.add_argument("--report", action="store_true", help="only print the tables and draw the plots")
     ap.add_argument("--dry-run", action="store_true", help="list the cells that would run, and stop")
+    ap.add_argument("--repeat", action="store_true",
+                    help="run the cells even if learning.json has them, and append their rows to "
+                         "learning-repeats.json (counted in the report's every-run table) instead")
+    ap.add_argument("--note", default="", help="with --repeat: a note stored in the row (what this run checks)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through run_cell
 
@@ -783,9 +845,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="aesrl-learning-")) if args.quick else RESULTS)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, runs_dir = out_dir / "learning.json", out_dir / "learning"
+    repeats_path = out_dir / "learning-repeats.json"
     print(f"results: {json_path}; run folders and plots: {runs_dir}", flush=True)
     if args.report:
-        report(load_rows(json_path), runs_dir)
+        report(load_rows(json_path), runs_dir, load_rows(repeats_path))
         return 0
 
     if args.cells:
@@ -802,9 +865,13 @@ def main(argv: list[str] | None = None) -> int:
         print("stable-baselines3 is not installed (pip install -e '.[bench]'): sb3-td3 cells left out", flush=True)
         cells = [c for c in cells if c.algo != "sb3-td3"]
     done = {row_key(r["env"], r["algo"], r["seed"], r["budget_steps"]) for r in load_rows(json_path)}
-    todo = [c for c in cells if row_key(c.env, c.algo, c.seed, settings[c.env].steps) not in done]
+    if args.note and not args.repeat:
+        ap.error("--note goes with --repeat")
+    todo = cells if args.repeat else \
+        [c for c in cells if row_key(c.env, c.algo, c.seed, settings[c.env].steps) not in done]
     print(f"{mode} mode, {os.cpu_count()} cores: {len(cells)} cells selected, {len(cells) - len(todo)} already in "
-          f"{json_path.name}, {len(todo)} to run", flush=True)
+          f"{json_path.name}, {len(todo)} to run" + (f" as repeats into {repeats_path.name}" if args.repeat else ""),
+          flush=True)
     for env in dict.fromkeys(c.env for c in todo):
         print(f"  {env}: {settings[env].describe()}", flush=True)
     if args.dry_run:
@@ -822,7 +889,8 @@ def main(argv: list[str] | None = None) -> int:
         cell_commit = git_commit()  # per cell: a sitting can span commits, and each cell runs the tree as it is
         load_start = os.getloadavg()
         print(f"[{i}/{len(todo)}] {cell} ...", end=" ", flush=True)
-        folder, wall, outcome, cmd = run_cell(cell, s, runs_dir)
+        suffix = time.strftime("-r%Y%m%d-%H%M%S") + f"-{os.getpid()}" if args.repeat else ""
+        folder, wall, outcome, cmd = run_cell(cell, s, runs_dir, suffix)
         log_path = folder.with_name(folder.name + ".log")
         if outcome == "ok":
             try:
@@ -845,11 +913,14 @@ def main(argv: list[str] | None = None) -> int:
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": cell_commit, "versions": package_versions(),
                "loadavg_start": [round(x, 2) for x in load_start],
                "loadavg_end": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count()}
-        append_row(json_path, row)
+        if args.repeat:
+            row.update(counts=cell.algo in ALGOS,
+                       note=args.note or f"a repeat of the cell with the code at {cell_commit}")
+        append_row(repeats_path if args.repeat else json_path, row)
         print(f"ok in {wall / 60:.1f} min: f(μ) q25 {row['q25']:.0f}, q50 {row['q50']:.0f}, final {row['final']:.0f}; "
               f"{row['interactions']:,} interactions", flush=True)
 
-    report(load_rows(json_path), runs_dir)
+    report(load_rows(json_path), runs_dir, load_rows(repeats_path))
     if failed:
         print(f"{len(failed)} cell(s) failed and were not recorded: {', '.join(map(str, failed))}")
     return 1 if failed else 0

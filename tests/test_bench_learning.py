@@ -24,7 +24,7 @@ from bench import learning
 ROOT = Path(__file__).resolve().parent.parent
 ROW_FIELDS = {"env", "algo", "seed", "budget_steps", "interactions", "final", "q25", "q50", "wall_s"}
 # Files a full bench running in the background may legitimately rewrite while the suite runs.
-FULL_BENCH_OUTPUTS = re.compile(r"bench/results/(learning\.json|learning/curves-.*\.png)$")
+FULL_BENCH_OUTPUTS = re.compile(r"bench/results/(learning\.json|learning-repeats\.json|learning/curves-.*\.png)$")
 
 
 def committed_results() -> dict[str, str]:
@@ -127,6 +127,30 @@ def test_rows_already_there_are_skipped_and_reported(tmp_path, capsys):
     assert learning.main(["--quick", "--out-dir", str(tmp_path), "--report"]) == 0
     assert "curves-Pendulum-v1-variants.png" in capsys.readouterr().out
     assert (tmp_path / "learning" / "curves-Pendulum-v1-variants.png").stat().st_size > 10_000
+
+
+def test_repeats_go_to_their_own_file_and_the_every_run_table_uses_each_seeds_median(tmp_path, capsys):
+    main, reps = tmp_path / "learning.json", tmp_path / "learning-repeats.json"
+    for algo, seed, final in (("aesrl", 1, 100.0), ("aesrl", 2, 300.0), ("td3", 1, 250.0), ("td3", 2, 250.0)):
+        learning.append_row(main, row(algo=algo, seed=seed, final=final))
+    reps.write_text(json.dumps({"about": "kept", "rows": []}))
+    for final, counts in ((200.0, True), (220.0, True), (-999.0, False)):  # seed 1 runs: 100, 200, 220 (+ a variant)
+        learning.append_row(reps, row(algo="aesrl", seed=1, final=final, counts=counts))
+    assert json.loads(reps.read_text())["about"] == "kept"  # append_row keeps the file's other keys
+    # the repeat mode lists a cell that learning.json already has, and says where its row will go
+    assert learning.main(["--quick", "--out-dir", str(tmp_path), "--cells", "Pendulum-v1:td3:1", "--repeat",
+                          "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1 to run as repeats into learning-repeats.json" in out and "Pendulum-v1:td3:1" in out.split("to run")[-1]
+    with pytest.raises(SystemExit):
+        learning.main(["--quick", "--out-dir", str(tmp_path), "--note", "x", "--dry-run"])
+    capsys.readouterr()
+    table = learning.table_every_run(learning.load_rows(main), learning.load_rows(reps))
+    cols = next(c for c in ([c.strip() for c in x.split("|")] for x in table.splitlines()) if c[1:2] == ["aesrl"])
+    # seed 1: median of 100, 200, 220 = 200 (the -999 variant does not count); seed 2: 300 → 250 ± 50
+    assert cols[3] == "4" and cols[6] == "250 ± 50" and cols[7] == "200 ± 100"
+    assert "aesrl 250 >= td3 250 at 100 %: met" in table
+    assert learning.table_every_run(learning.load_rows(main), []) == ""  # nothing to add without repeats
 
 
 @pytest.mark.slow
