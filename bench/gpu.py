@@ -202,13 +202,16 @@ def micro_table(m: dict) -> str:
     return text
 
 
+RACE_ALGOS = ("aesrl", "td3")
+
+
 # -- race ----------------------------------------------------------------------------------------------
 def race_commands(env_id: str, workers: int, out: Path, hidden: str = PAPER_HIDDEN,
-                  random_steps: int = PAPER_RANDOM_STEPS) -> dict[str, list[str]]:
+                  random_steps: int = PAPER_RANDOM_STEPS, algos: tuple[str, ...] = RACE_ALGOS) -> dict[str, list[str]]:
     py = [sys.executable, "-m", "cli.main", "run", "--env", env_id, "--hidden", hidden,
           "--critic-hidden", hidden, "--seed", "1", "--steps", "1000000", "--out", str(out)]
     cmds = {}
-    for algo in ("aesrl", "td3"):
+    for algo in algos:
         cfg_file = out / f"{algo}.config.json"
         cfg_file.write_text(json.dumps({"env_id": env_id, "initial_steps": random_steps,
                                         "td3_start_steps": random_steps, "td3_eval_every": 5000}))
@@ -218,9 +221,11 @@ def race_commands(env_id: str, workers: int, out: Path, hidden: str = PAPER_HIDD
 
 
 def race(env_id: str, minutes: float, workers: int, out: Path, hidden: str = PAPER_HIDDEN,
-         random_steps: int = PAPER_RANDOM_STEPS) -> dict:
+         random_steps: int = PAPER_RANDOM_STEPS, algos: tuple[str, ...] = RACE_ALGOS) -> dict:
+    """Start the algorithms' runs at once, stop them after `minutes`, and table f(μ) against wall clock.
+    One algorithm alone (`algos=("td3",)`) shows what sharing the machine costs it."""
     out.mkdir(parents=True, exist_ok=True)
-    cmds = race_commands(env_id, workers, out, hidden, random_steps)
+    cmds = race_commands(env_id, workers, out, hidden, random_steps, algos)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("AESRL_REDIS_URL", None)
     procs = {}
@@ -248,20 +253,21 @@ def race(env_id: str, minutes: float, workers: int, out: Path, hidden: str = PAP
         if p.returncode not in (0, 130, 143, -signal.SIGTERM):
             print(f"{algo} exited with {p.returncode}; the end of {out / (algo + '.log')}:")
             print("\n".join((out / f"{algo}.log").read_text().splitlines()[-25:]))
-    result = {"env": env_id, "minutes": minutes, "workers": workers, "hidden": hidden, "random_steps": random_steps, "commands": {k: " ".join(v) for k, v in cmds.items()},
+    result = {"env": env_id, "minutes": minutes, "workers": workers, "hidden": hidden, "random_steps": random_steps,
+              "algos": list(algos), "commands": {k: " ".join(v) for k, v in cmds.items()},
               "exit": {k: p.returncode for k, p in procs.items()}, "loadavg_mean": float(np.mean(load)) if load else None,
               "cores": os.cpu_count()}
-    result.update(read_race(out, minutes))
+    result.update(read_race(out, minutes, algos))
     (out / "gpu.json").write_text(json.dumps(result, indent=1))
     print(race_tables(result))
     return result
 
 
-def read_race(out: Path, minutes: float) -> dict:
+def read_race(out: Path, minutes: float, algos: tuple[str, ...] = RACE_ALGOS) -> dict:
     from cli.plot import load_run
 
     res: dict = {"runs": {}}
-    for algo in ("aesrl", "td3"):
+    for algo in algos:
         folder = out / f"{algo}-gpu"
         lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()] \
             if (folder / "metrics.jsonl").exists() else []
@@ -299,28 +305,29 @@ def at(evals: list, t: float) -> tuple[float, float]:
 
 def race_tables(res: dict) -> str:
     runs = res["runs"]
+    algos = tuple(res.get("algos", RACE_ALGOS))
+    who = " beside ".join(f"aesrl with {res['workers']} workers" if a == "aesrl" else a for a in algos)
     lines = [f"{res['env']}, actor and critic {res.get('hidden', PAPER_HIDDEN).replace(',', '-')}, "
              f"{res.get('random_steps', PAPER_RANDOM_STEPS):,} random steps, seed 1; "
-             f"aesrl with {res['workers']} workers beside td3, both started at once for {res['minutes']:g} min "
+             f"{who}{', both started at once' if len(algos) > 1 else ' alone'} for {res['minutes']:g} min "
              f"on {res.get('cores')} cores (mean load {res.get('loadavg_mean') or math.nan:.1f})"]
     if any("error" in r for r in runs.values()):
         lines.append("errors: " + "; ".join(f"{k}: {v['error']}" for k, v in runs.items() if "error" in v))
-    head = ["elapsed", "aesrl f(μ)", "aesrl steps", "td3 f(μ)", "td3 steps"]
+    head = ["elapsed"] + [f"{a} {c}" for a in algos for c in ("f(μ)", "steps")]
     body = []
     mins = int(res["minutes"])
     for m in list(range(1, mins + 1)) + ([res["minutes"]] if res["minutes"] != mins else []):
         row = [f"{m:g} min"]
-        for algo in ("aesrl", "td3"):
+        for algo in algos:
             f, s = at(runs.get(algo, {}).get("evals", []), m * 60)
             row += [f"{f:.0f}" if math.isfinite(f) else "–", f"{s:,.0f}" if math.isfinite(s) else "–"]
         body.append(row)
     lines.append(render(head, body))
     a = runs.get("aesrl", {})
     lines.append("")
-    rate = a.get("steps", 0) / res["minutes"] if a.get("steps") else math.nan
     paper = ", ".join(f"{k} {1e6 / v:,.0f}" for k, v in PAPER_MIN_PER_1M.items())
-    lines.append(f"stored steps per minute: aesrl {rate:,.0f}, td3 {runs.get('td3', {}).get('steps', 0) / res['minutes']:,.0f}; "
-                 f"the paper's Table 1 (1M HalfCheetah-v2 steps): {paper}")
+    rates = ", ".join(f"{algo} {runs.get(algo, {}).get('steps', 0) / res['minutes']:,.0f}" for algo in algos)
+    lines.append(f"stored steps per minute: {rates}; the paper's Table 1 (1M HalfCheetah-v2 steps): {paper}")
     if a.get("critic_steps_per_s") is not None or a.get("rl_job_s") is not None:
         lines.append(f"aesrl critic daemon: median {a.get('critic_steps_per_s') or math.nan:.0f} steps/s; RL jobs: "
                      f"{a.get('rl_jobs')} of mean {a.get('rl_job_s') or math.nan:.2f} s ({a.get('rl_trained') or math.nan:.0f} actor "
@@ -343,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--hidden", default=PAPER_HIDDEN, help="actor and critic hidden sizes (the paper's 400,300)")
     r.add_argument("--random-steps", type=int, default=PAPER_RANDOM_STEPS, help="the random phase (the paper's)")
+    r.add_argument("--algos", default=",".join(RACE_ALGOS),
+                   help="which runs start at once (default aesrl,td3; td3 alone shows what sharing costs it)")
     p = sub.add_parser("report", help="the race tables again from DIR/gpu.json and the run folders")
     p.add_argument("dir", type=Path)
     a = ap.parse_args(argv)
@@ -351,10 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "race":
         if a.minutes <= 0 or a.workers < 1:
             ap.error("--minutes must be > 0 and --workers >= 1")
-        race(a.env, a.minutes, a.workers, a.out, a.hidden, a.random_steps)
+        algos = tuple(dict.fromkeys(x for x in a.algos.split(",") if x))
+        if not algos or set(algos) - set(RACE_ALGOS):
+            ap.error(f"--algos: a comma-separated choice out of {','.join(RACE_ALGOS)}, got {a.algos!r}")
+        race(a.env, a.minutes, a.workers, a.out, a.hidden, a.random_steps, algos)
     else:
         res = json.loads((a.dir / "gpu.json").read_text())
-        res.update(read_race(a.dir, res["minutes"]))
+        res.update(read_race(a.dir, res["minutes"], tuple(res.get("algos", RACE_ALGOS))))
         print(race_tables(res))
     return 0
 

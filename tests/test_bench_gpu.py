@@ -38,3 +38,16 @@ def test_race_runs_aesrl_beside_td3_and_tables_f_mu_against_wall_clock(tmp_path)
         assert run["steps"] > 400 and run["evals"], run  # past the random phase, with f(μ) evaluations
         assert (tmp_path / f"{algo}-gpu" / "summary.json").is_file()
     assert "| 0.5 min |" in out and "stored steps per minute: aesrl" in out
+
+
+@pytest.mark.slow
+def test_race_of_one_algorithm_alone(tmp_path):
+    out = bench("race", "--env", "Pendulum-v1", "--hidden", "16,16", "--random-steps", "400", "--minutes", "0.3",
+                "--algos", "td3", "--out", str(tmp_path), timeout=180)
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    assert res["exit"] == {"td3": 143} and res["runs"]["td3"]["steps"] > 400
+    assert not (tmp_path / "aesrl-gpu").exists()  # no AES-RL run was started
+    assert "td3 alone for 0.3 min" in out and "aesrl f(μ)" not in out and "stored steps per minute: td3" in out
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "race", "--algos", "sac", "--out",
+                           str(tmp_path / "x")], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--algos" in proc.stderr
