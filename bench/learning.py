@@ -28,7 +28,8 @@ the run folder; for td3 and sb3-td3 the deterministic actor, 5 episodes every 5,
 interactions = every environment step, f(μ) evaluation episodes included; plus "steps", "curve"
 ([stored steps, interactions, elapsed s, f(μ)], block means, at most 200 points), "settings",
 "command", "date", "commit", "versions" (of mujoco, gymnasium, torch, numpy and SB3), "loadavg_start",
-"loadavg_end", "cores".
+"loadavg_end", "cores"; HalfCheetah rows also "final_posture" ({"turned_over": share of steps on its
+back, "speed", "return"} of the final policy over 3 episodes: a cheetah on its back is the ~1 500 plateau).
 
 Usage:
     python bench/learning.py                       run every missing cell (seed-major), then report
@@ -37,6 +38,7 @@ Usage:
     python bench/learning.py --envs Hopper-v5 --algos aesrl,td3 --seeds 1,2
     python bench/learning.py --report              tables and plots from learning.json only
     python bench/learning.py --cells HalfCheetah-v5:td3:2 --repeat --note "why"   run a cell again
+    python bench/learning.py --postures            HalfCheetah rows' final policies: upright or on the back
     python bench/learning.py --quick               tiny Pendulum-v1 budget, temporary folder
 """
 
@@ -489,6 +491,69 @@ def summarise(folder: Path, budget: int) -> dict[str, Any]:
     return out
 
 
+def cheetah_posture(folder: Path, episodes: int = 3) -> dict[str, float]:
+    """How the final policy of a HalfCheetah run folder runs: the share of steps with the torso turned
+    over (|root angle| > 90°, the cheetah on its back) and the mean forward speed (m/s), over a few
+    deterministic episodes. A cheetah that learns to run on its back tops out near 1 500 to 2 000 and
+    rarely turns over again; that is the plateau some seeds of every algorithm stop at."""
+    import gymnasium as gym
+
+    from cli.export import load_policy, numpy_actor
+
+    payload = load_policy(folder)
+    actor = numpy_actor(payload)
+    env = gym.make(payload["env_id"], **payload["env_kwargs"])
+    turned, speed, returns = [], [], []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=10**6 + i)
+        ret, done = 0.0, False
+        while not done:
+            obs, r, term, trunc, _ = env.step(actor.act(np.asarray(obs, dtype=np.float64)))
+            ret, done = ret + float(r), term or trunc
+            data = env.unwrapped.data
+            angle = math.remainder(float(data.qpos[2]), 2 * math.pi)  # rooty, wrapped into [-π, π]
+            turned.append(abs(angle) > math.pi / 2)
+            speed.append(float(data.qvel[0]))
+        returns.append(ret)
+    env.close()
+    return {"turned_over": round(float(np.mean(turned)), 3), "speed": round(float(np.mean(speed)), 3),
+            "return": round(float(np.mean(returns)), 1)}
+
+
+def row_folder(row: dict[str, Any], runs_dir: Path) -> Path | None:
+    """The run folder a row was measured from (from its command's --run-id, or --out for SB3)."""
+    words = str(row.get("command", "")).split()
+    for flag in ("--run-id", "--out"):
+        if flag in words and words.index(flag) + 1 < len(words):
+            return runs_dir / row["env"] / Path(words[words.index(flag) + 1]).name
+    return None
+
+
+def add_postures(paths: list[Path], runs_dir: Path) -> int:
+    """Give `final_posture` to the HalfCheetah rows whose run folder is still here and that lack it
+    (rows written by a sitting that ran before the posture was measured); returns how many got one."""
+    added = 0
+    for path in paths:
+        if not path.exists():
+            continue
+        with open(path.with_suffix(".json.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = json.loads(path.read_text())
+            rows = data["rows"] if isinstance(data, dict) else data
+            for row in rows:
+                folder = row_folder(row, runs_dir)
+                if (row["env"].startswith("HalfCheetah") and "final_posture" not in row and folder is not None
+                        and (folder / "policy.npz").exists()):
+                    row["final_posture"] = cheetah_posture(folder)
+                    added += 1
+            if added:
+                tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(data if isinstance(data, dict) else {"rows": rows}, indent=1,
+                                          default=_json_default) + "\n")
+                os.replace(tmp, path)
+    return added
+
+
 def mu_on_fixed_starts(folder: Path, n: int = 10) -> float:
     """The final μ of a run folder (its policy.npz), scored as bench/es_rules.py scores it: the mean
     return over n fixed start states. A run's own f(μ) is a per-job estimate; for antithetic ES jobs it
@@ -684,12 +749,19 @@ def counted_repeats(repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in repeats if r.get("counts") and r["algo"] in ALGOS]
 
 
+def on_its_back(row: dict[str, Any]) -> bool | None:
+    """Whether the run's final policy ran turned over (HalfCheetah rows with `final_posture`), else None."""
+    posture = row.get("final_posture")
+    return None if not posture else posture["turned_over"] > 0.5
+
+
 def per_seed_medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One pseudo-row per seed: the median of that seed's runs at 25 / 50 / 100 % (and their finals)."""
     out = []
     for seed in sorted({r["seed"] for r in runs}):
         rs = [r for r in runs if r["seed"] == seed]
         out.append({"seed": seed, "runs": len(rs), "finals": [r["final"] for r in rs],
+                    "back": [on_its_back(r) for r in rs],
                     **{k: float(np.median([r[k] for r in rs])) for k in ("q25", "q50", "final")}})
     return out
 
@@ -701,7 +773,8 @@ def table_every_run(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -
     if not extra:
         return ""
     envs = {(r["env"], r["budget_steps"]) for r in extra}
-    head = ["env", "algo", "seeds", "runs", "f(μ) @25%", "@50%", "@100%", "@100% (table)", "finals per seed"]
+    head = ["env", "algo", "seeds", "runs", "f(μ) @25%", "@50%", "@100%", "@100% (table)", "on its back",
+            "finals per seed (b: on its back)"]
     body, medians = [], {}
     for (env, budget, algo), rs in groups(rows).items():
         if algo not in ALGOS or (env, budget) not in envs:
@@ -711,7 +784,11 @@ def table_every_run(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -
         body.append([env, algo, str(len(med)), str(len(runs)), mean_std([m["q25"] for m in med]),
                      mean_std([m["q50"] for m in med]), mean_std([m["final"] for m in med]),
                      mean_std([r["final"] for r in rs]),
-                     "; ".join(f"s{m['seed']}: " + ", ".join(f"{x:.0f}" for x in m["finals"]) for m in med)])
+                     f"{sum(b is True for m in med for b in m['back'])} of "
+                     f"{sum(b is not None for m in med for b in m['back'])}",
+                     "; ".join(f"s{m['seed']}: " + ", ".join(f"{x:.0f}" + ("b" if b else "")
+                                                            for x, b in zip(m["finals"], m["back"], strict=True))
+                               for m in med)])
     lines = [render(head, body)]
     for (env, budget, algo), med in medians.items():
         if algo != "aesrl":
@@ -834,6 +911,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", action="store_true",
                     help="run the cells even if learning.json has them, and append their rows to "
                          "learning-repeats.json (counted in the report's every-run table) instead")
+    ap.add_argument("--postures", action="store_true",
+                    help="measure how the final policy of each HalfCheetah row whose run folder is still here runs "
+                         "(turned over or upright: final_posture), then report")
     ap.add_argument("--note", default="", help="with --repeat: a note stored in the row (what this run checks)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through run_cell
@@ -847,7 +927,9 @@ def main(argv: list[str] | None = None) -> int:
     json_path, runs_dir = out_dir / "learning.json", out_dir / "learning"
     repeats_path = out_dir / "learning-repeats.json"
     print(f"results: {json_path}; run folders and plots: {runs_dir}", flush=True)
-    if args.report:
+    if args.postures:
+        print(f"final_posture added to {add_postures([json_path, repeats_path], runs_dir)} row(s)", flush=True)
+    if args.report or args.postures:
         report(load_rows(json_path), runs_dir, load_rows(repeats_path))
         return 0
 
@@ -897,6 +979,8 @@ def main(argv: list[str] | None = None) -> int:
                 stats = summarise(folder, s.steps)
                 if cell.env == "Pendulum-v1" and cell.algo in ("es", *ES_VARIANTS):
                     stats["mu_final_fixed_starts"] = mu_on_fixed_starts(folder)
+                if cell.env.startswith("HalfCheetah") and (folder / "policy.npz").exists():
+                    stats["final_posture"] = cheetah_posture(folder)
             except Exception as exc:  # an unreadable or empty run folder: report, do not record
                 outcome = f"no result ({exc})"
         if outcome != "ok":

@@ -215,3 +215,33 @@ def test_learning_quick_rows_in_a_temporary_folder():
     committed = ROOT / "bench" / "results" / "learning.json"
     if committed.exists():
         assert all(r.get("settings", {}).get("mode") != "quick" for r in json.loads(committed.read_text())["rows"])
+
+
+def test_cheetah_posture_of_a_still_policy_is_upright_and_rows_find_their_folder(tmp_path):
+    from aesrl_queue.config import RunConfig
+
+    cfg = RunConfig(env_id="HalfCheetah-v5", hidden=(8, 8)).resolve()
+    folder = tmp_path / "HalfCheetah-v5" / "aesrl-s1"
+    folder.mkdir(parents=True)
+    n = learning_actor_dim(cfg)
+    np.savez(folder / "policy.npz", config=json.dumps(cfg.to_dict(), default=str), mu=np.zeros(n), var=np.ones(n),
+             version=0)
+    posture = learning.cheetah_posture(folder, episodes=1)
+    # all-zero weights: zero torques, the cheetah stays on its feet and barely moves
+    assert posture["turned_over"] == 0.0 and abs(posture["speed"]) < 0.2, posture
+    r = row(env="HalfCheetah-v5", algo="aesrl", command=f"python -m cli.main run --out {tmp_path} --run-id aesrl-s1")
+    assert learning.row_folder(r, tmp_path) == folder
+    path = tmp_path / "learning.json"
+    learning.append_row(path, r)
+    learning.append_row(path, row(env="HalfCheetah-v5", seed=2, command="x --run-id gone"))  # no folder: left alone
+    assert learning.add_postures([path], tmp_path) == 1
+    got = learning.load_rows(path)
+    assert got[0]["final_posture"]["turned_over"] == 0.0 and "final_posture" not in got[1]
+    assert learning.on_its_back(got[0]) is False and learning.on_its_back(got[1]) is None
+    assert learning.on_its_back({"final_posture": {"turned_over": 0.98}}) is True
+
+
+def learning_actor_dim(cfg) -> int:
+    from aesrl_queue.numpy_actor import actor_param_count
+
+    return actor_param_count(cfg.obs_dim, cfg.act_dim, cfg.hidden)
