@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -245,3 +246,35 @@ def learning_actor_dim(cfg) -> int:
     from aesrl_queue.numpy_actor import actor_param_count
 
     return actor_param_count(cfg.obs_dim, cfg.act_dim, cfg.hidden)
+
+
+@pytest.mark.slow
+def test_posture_watch_follows_a_live_cheetah_run_until_it_ends(tmp_path):
+    from tests.conftest import child_env
+
+    log = tmp_path / "run.log"
+    with open(log, "w") as fh:
+        run = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--env", "HalfCheetah-v5", "--hidden", "8,8",
+                                "--critic-hidden", "16,16", "--initial-steps", "1000", "--steps", "4000", "--workers",
+                                "1", "--out", str(tmp_path), "--run-id", "pw"], cwd=ROOT, env=child_env(), stdout=fh,
+                               stderr=subprocess.STDOUT)
+    try:
+        url = None
+        for _ in range(600):
+            if m := re.search(r"redis://127\.0\.0\.1:\d+/0", log.read_text()):
+                url = m.group(0)
+                break
+            time.sleep(0.1)
+        assert url, log.read_text()
+        out = tmp_path / "watch.jsonl"
+        watch = subprocess.run([sys.executable, str(ROOT / "bench" / "posture_watch.py"), "--redis-url", url, "--run",
+                                "pw", "--out", str(out), "--every", "0.2"], cwd=ROOT, env=child_env(),
+                               capture_output=True, text=True, timeout=240)
+        assert watch.returncode == 0, watch.stderr[-2000:]  # it returned because the run ended, not by a timeout
+        assert run.wait(60) == 0
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert lines and all(0.0 <= x["turned_over"] <= 1.0 and x["version"] >= 0 for x in lines)
+        assert [x["version"] for x in lines] == sorted({x["version"] for x in lines})  # each version once
+    finally:
+        if run.poll() is None:
+            run.kill()
