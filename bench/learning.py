@@ -494,8 +494,8 @@ def summarise(folder: Path, budget: int) -> dict[str, Any]:
 def cheetah_posture(folder: Path, episodes: int = 3) -> dict[str, float]:
     """How the final policy of a HalfCheetah run folder runs: the share of steps with the torso turned
     over (|root angle| > 90°, the cheetah on its back) and the mean forward speed (m/s), over a few
-    deterministic episodes. A cheetah that learns to run on its back tops out near 1 500 to 2 000 and
-    rarely turns over again; that is the plateau some seeds of every algorithm stop at."""
+    deterministic episodes. A cheetah running on its back tops out near 1 500 to 2 000: the plateau at
+    which some HalfCheetah runs stop (docs/performance.md §3, the sixteenth sitting)."""
     from cli.export import load_policy, numpy_actor
 
     payload = load_policy(folder)
@@ -922,6 +922,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(turned over or upright: final_posture), then report")
     ap.add_argument("--note", default="", help="with --repeat: a note stored in the row (what this run checks)")
     args = ap.parse_args(argv)
+    if args.note and not args.repeat:
+        ap.error("--note goes with --repeat")
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through run_cell
 
     mode = "quick" if args.quick else "full"
@@ -953,8 +955,6 @@ def main(argv: list[str] | None = None) -> int:
         print("stable-baselines3 is not installed (pip install -e '.[bench]'): sb3-td3 cells left out", flush=True)
         cells = [c for c in cells if c.algo != "sb3-td3"]
     done = {row_key(r["env"], r["algo"], r["seed"], r["budget_steps"]) for r in load_rows(json_path)}
-    if args.note and not args.repeat:
-        ap.error("--note goes with --repeat")
     todo = cells if args.repeat else \
         [c for c in cells if row_key(c.env, c.algo, c.seed, settings[c.env].steps) not in done]
     print(f"{mode} mode, {os.cpu_count()} cores: {len(cells)} cells selected, {len(cells) - len(todo)} already in "
