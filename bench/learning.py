@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -347,18 +348,29 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     return data["rows"] if isinstance(data, dict) else data
 
 
-def append_row(path: Path, row: dict[str, Any]) -> None:
-    """Append one row; written to a temporary file and renamed, so an interrupted write loses nothing.
-    Under an exclusive lock, so that two sittings run side by side (say SB3 cells beside queue cells)
-    cannot drop each other's rows by reading before the other's write."""
+def update_rows(path: Path, change: Callable[[list[dict[str, Any]]], bool]) -> None:
+    """Read the file's rows, let `change` edit the list in place, and write them back if it says it
+    changed them. Under an exclusive lock, so that two sittings run side by side (say SB3 cells beside
+    queue cells) cannot drop each other's rows by reading before the other's write; written to a
+    temporary file and renamed, so an interrupted write loses nothing. Other keys (an "about") are kept."""
     with open(path.with_suffix(".json.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(path.read_text()) if path.exists() else {}
-        data = data if isinstance(data, dict) else {"rows": data}  # other keys (an "about") are kept
-        data["rows"] = data.get("rows", []) + [row]
-        tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
-        os.replace(tmp, path)
+        data = data if isinstance(data, dict) else {"rows": data}
+        data.setdefault("rows", [])
+        if change(data["rows"]):
+            tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
+            os.replace(tmp, path)
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """Append one row (see update_rows)."""
+    def add(rows: list[dict[str, Any]]) -> bool:
+        rows.append(row)
+        return True
+
+    update_rows(path, add)
 
 
 def row_key(env: str, algo: str, seed: int, budget: int) -> tuple[str, str, int, int]:
@@ -539,24 +551,21 @@ def add_postures(paths: list[Path], runs_dir: Path) -> int:
     """Give `final_posture` to the HalfCheetah rows whose run folder is still here and that lack it
     (rows written by a sitting that ran before the posture was measured); returns how many got one."""
     added = 0
+
+    def measure(rows: list[dict[str, Any]]) -> bool:
+        nonlocal added
+        before = added
+        for row in rows:
+            folder = row_folder(row, runs_dir)
+            if (row["env"].startswith("HalfCheetah") and "final_posture" not in row and folder is not None
+                    and (folder / "policy.npz").exists()):
+                row["final_posture"] = cheetah_posture(folder)
+                added += 1
+        return added > before
+
     for path in paths:
-        if not path.exists():
-            continue
-        with open(path.with_suffix(".json.lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            data = json.loads(path.read_text())
-            rows = data["rows"] if isinstance(data, dict) else data
-            for row in rows:
-                folder = row_folder(row, runs_dir)
-                if (row["env"].startswith("HalfCheetah") and "final_posture" not in row and folder is not None
-                        and (folder / "policy.npz").exists()):
-                    row["final_posture"] = cheetah_posture(folder)
-                    added += 1
-            if added:
-                tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(data if isinstance(data, dict) else {"rows": rows}, indent=1,
-                                          default=_json_default) + "\n")
-                os.replace(tmp, path)
+        if path.exists():
+            update_rows(path, measure)
     return added
 
 

@@ -220,11 +220,12 @@ def test_learning_quick_rows_in_a_temporary_folder():
 
 def test_cheetah_posture_of_a_still_policy_is_upright_and_rows_find_their_folder(tmp_path):
     from aesrl_queue.config import RunConfig
+    from aesrl_queue.numpy_actor import NetSpec
 
     cfg = RunConfig(env_id="HalfCheetah-v5", hidden=(8, 8)).resolve()
     folder = tmp_path / "HalfCheetah-v5" / "aesrl-s1"
     folder.mkdir(parents=True)
-    n = learning_actor_dim(cfg)
+    n = NetSpec.from_config(cfg).actor_dim
     np.savez(folder / "policy.npz", config=json.dumps(cfg.to_dict(), default=str), mu=np.zeros(n), var=np.ones(n),
              version=0)
     posture = learning.cheetah_posture(folder, episodes=1)
@@ -240,12 +241,6 @@ def test_cheetah_posture_of_a_still_policy_is_upright_and_rows_find_their_folder
     assert got[0]["final_posture"]["turned_over"] == 0.0 and "final_posture" not in got[1]
     assert learning.on_its_back(got[0]) is False and learning.on_its_back(got[1]) is None
     assert learning.on_its_back({"final_posture": {"turned_over": 0.98}}) is True
-
-
-def learning_actor_dim(cfg) -> int:
-    from aesrl_queue.numpy_actor import actor_param_count
-
-    return actor_param_count(cfg.obs_dim, cfg.act_dim, cfg.hidden)
 
 
 @pytest.mark.slow
