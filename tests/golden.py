@@ -1,0 +1,207 @@
+"""Golden traces: what every algorithm's defaults compute, recorded once and compared bit for bit.
+
+`optimizer_trace(algo)` tells a fixed sequence of made-up results to the optimizer of `algo` and
+records μ, var and p after each; `td3_trace()` trains the TD3 baseline's agent on a fixed batch;
+`worker_traces(client)` evaluates fixed job specs (random, ES, antithetic ES, RL) on a real Redis
+and records the returns, the f(μ) estimate and a hash of every stored transition. Arrays are kept as
+SHA-256 digests of their bytes, so "the same" means the same to the last bit.
+
+    python -m tests.golden --write      # record tests/data/golden.json (only when a change is meant)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parent / "data" / "golden.json"
+QUEUE_ALGOS = ("aesrl", "es", "opo", "acemrl", "cemrl", "pcemrl")
+ENV = "Pendulum-v1"
+HOPPER = "Hopper-v5"
+SMALL = {"hidden": (8, 8), "critic_hidden": (16, 16), "batch_size": 32, "seed": 5}
+
+
+def digest(arr: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:20]
+
+
+def num(x: Any) -> Any:
+    """A float as JSON keeps it exactly (repr round-trips), NaN as a string."""
+    if isinstance(x, float | np.floating):
+        return "nan" if math.isnan(x) else float(x)
+    return x
+
+
+def config(algo: str, env: str = ENV, **kw: Any):
+    from aesrl_queue.config import RunConfig
+
+    return RunConfig.from_preset(env, algo=algo, **{"run_id": f"golden-{algo}", **SMALL, **kw}).resolve()
+
+
+def optimizer_trace(algo: str, results: int = 40, env: str = ENV) -> list[dict[str, Any]]:
+    """Tell `results` made-up results to a fresh optimizer of `algo` (its defaults on `env`)."""
+    from aesrl_queue import noise
+    from aesrl_queue.optimizers import Evaluated, make_optimizer
+
+    cfg = config(algo, env=env, initial_steps=400)
+    mu0 = np.linspace(-0.3, 0.3, cfg.actor_dim, dtype=np.float32)
+    opt = make_optimizer(cfg, mu0)
+    rng = np.random.default_rng(17)
+    trace: list[dict[str, Any]] = []
+    steps, now, pending = 0, 0.0, []
+    dists = {opt.version: (opt.mean.copy(), opt.var.copy())}
+    while len(trace) < results:
+        if not pending:
+            pending = list(opt.ask(4, steps=steps, inflight=0, critic_version=1, now=now,
+                                   critic_steps=steps + 10_000))
+            if not pending:
+                now += 1000.0
+                continue
+        spec = pending.pop(0)
+        mu, var = dists[spec["version"]]
+        length = 200
+        fitness = float(-1000.0 + 8.0 * len(trace) + 150.0 * rng.standard_normal())
+        f_mu = float(-1000.0 + 8.0 * len(trace) + 100.0 * rng.standard_normal())
+        kw: dict[str, Any] = {}
+        if spec["kind"] == "rl":
+            z = (mu + 0.05 * rng.standard_normal(mu.size)).astype(np.float32)
+            kw["ind"] = f"ind:{spec['n']}"
+        else:
+            z = noise.sample(mu, var, spec["seed"])
+            if cfg.es_antithetic and not spec.get("random"):
+                kw.update(mirror_z=noise.sample(mu, var, noise.mirrored(spec["seed"])),
+                          mirror_fitness=float(f_mu + 50.0 * rng.standard_normal()), mirror_length=length)
+                steps += length
+            elif cfg.pair_shift:
+                kw["mean_drawn"] = np.asarray(mu, dtype=np.float32)
+        steps += length
+        ev = Evaluated(job=f"golden-{algo}-j{spec['n']}", kind=spec["kind"], version=spec["version"],
+                       seed=spec["seed"], z=z, fitness=fitness, length=length, f_mu=f_mu,
+                       f_mu_version=spec["version"], f_mu_length=float(length), steps=steps, interactions=steps,
+                       random=bool(spec.get("random", False)), **kw)
+        update = opt.tell(ev, now=float(len(trace)))
+        dists.setdefault(opt.version, (opt.mean.copy(), opt.var.copy()))
+        hist = update.history or {}
+        trace.append({"job": spec["n"], "kind": spec["kind"], "version": opt.version, "p": num(hist.get("p", 0.0)),
+                      "mu": digest(opt.mean), "var": digest(opt.var), "mu0": num(float(opt.mean[0])),
+                      "var0": num(float(opt.var[0]))})
+    return trace
+
+
+def td3_trace(steps: int = 12) -> list[dict[str, Any]]:
+    """The TD3 baseline's agent at the td3 defaults, trained on one fixed batch of made-up transitions."""
+    import torch
+
+    from aesrl_queue.nets import NetSpec
+    from aesrl_queue.td3 import TD3Agent
+
+    cfg = config("td3")
+    spec = NetSpec.from_config(cfg)
+    torch.manual_seed(3)
+    agent = TD3Agent(spec, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
+                     noise_clip=cfg.noise_clip)
+    g = torch.Generator().manual_seed(11)
+    n = 64
+    batch = {"obs": torch.randn(n, cfg.obs_dim, generator=g), "act": torch.rand(n, cfg.act_dim, generator=g) * 4 - 2,
+             "rew": torch.randn(n, generator=g), "next_obs": torch.randn(n, cfg.obs_dim, generator=g),
+             "done": torch.zeros(n)}
+    out = []
+    for _ in range(steps):
+        stats = agent.train_step(batch)
+        out.append({"loss": num(stats["loss"]), "actor": digest(agent.actor_params())})
+    return out
+
+
+def worker_traces(client) -> dict[str, dict[str, Any]]:
+    """Fixed job specs evaluated by the worker's job function against a real Redis."""
+    import torch
+
+    from aesrl_queue.nets import NetSpec, get_flat
+    from aesrl_queue.store import Store
+    from workers.jobs import run_job
+
+    out = {}
+    for name, algo, kind, random_actions in (("random", "aesrl", "es", True), ("es", "aesrl", "es", False),
+                                             ("es-antithetic", "es", "es", False), ("rl", "aesrl", "rl", False)):
+        cfg = config(algo, run_id=f"golden-w-{name}")
+        store = Store(client, cfg.run_id)
+        store.write_config(cfg)
+        mu = np.linspace(-0.4, 0.4, cfg.actor_dim, dtype=np.float32)
+        var = np.full(cfg.actor_dim, 1e-2, dtype=np.float32)
+        store.publish_dist(0, mu, var)
+        store.set_state(version=0)
+        if kind == "rl":
+            torch.manual_seed(2)
+            critic = NetSpec.from_config(cfg).make_critic("cpu")
+            store.publish_critic(1, {"critic": get_flat(critic)})
+            rng = np.random.default_rng(4)
+            n = 64
+            store.append_episode({"obs": rng.standard_normal((n, cfg.obs_dim)).astype(np.float32),
+                                  "act": rng.uniform(-2, 2, (n, cfg.act_dim)).astype(np.float32),
+                                  "rew": rng.standard_normal(n).astype(np.float32),
+                                  "next_obs": rng.standard_normal((n, cfg.obs_dim)).astype(np.float32),
+                                  "done": np.zeros(n, dtype=np.float32)}, job="seed-episode")
+        before = {i for i, _ in client.xrange(store.key("replay"))}
+        job = f"{cfg.run_id}-j1"
+        store.add_inflight(job, {"kind": kind, "version": 0, "seed": 1234, "n": 1})
+        torch.manual_seed(0)
+        run_job(client, cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
+                random_actions=random_actions)
+        (_, res), = client.xrange(store.key("results"))
+        res = {k.decode(): v.decode() for k, v in res.items()}
+        assert res["status"] == "ok", res
+        episodes = [f for i, f in client.xrange(store.key("replay")) if i not in before]
+        h = hashlib.sha256()
+        for f in episodes:
+            for k in sorted(f):
+                h.update(k + b"=" + f[k])
+        rec = {k: num(float(res[k])) for k in ("fitness", "f_mu") if k in res}
+        rec.update({k: int(res[k]) for k in ("len", "eval_steps", "f_mu_version") if k in res})
+        if "mirror_fitness" in res:
+            rec.update(mirror_fitness=num(float(res["mirror_fitness"])), mirror_len=int(res["mirror_len"]))
+        if kind == "rl":
+            rec["individual"] = digest(store.get_individual(res["ind"]))
+        rec.update(episodes=len(episodes), transitions=h.hexdigest()[:20])
+        out[name] = rec
+    return out
+
+
+def record(client) -> dict[str, Any]:
+    return {"optimizers": {algo: optimizer_trace(algo) for algo in QUEUE_ALGOS},
+            # Hopper pays a survival bonus, so aesrl's fitness_shift ("alive") changes what the rule compares
+            "hopper": {"aesrl": optimizer_trace("aesrl", env=HOPPER)}, "td3": td3_trace(),
+            "worker": worker_traces(client)}
+
+
+def main() -> int:
+    import torch
+
+    from aesrl_queue.connection import connect
+    from aesrl_queue.redis_server import RedisServer
+
+    torch.set_num_threads(1)
+    if "--write" not in sys.argv:
+        print("usage: python -m tests.golden --write   (records tests/data/golden.json)")
+        return 2
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(directory=Path(tmp) / "redis").start()
+        try:
+            data = record(connect(server.url))
+        finally:
+            server.cleanup()
+    DATA.parent.mkdir(exist_ok=True)
+    DATA.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {DATA}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
