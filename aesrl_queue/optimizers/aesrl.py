@@ -231,9 +231,7 @@ class AesrlOptimizer(OwnsDistribution):
             self.told += 1
         self.f_mu, self.f_mu_version, self.f_mu_len = f_mu, f_mu_version, f_mu_len
         self.last_p[ev.kind] = p
-        self.recent_lens.append(int(ev.length))
-        if pair:
-            self.recent_lens.append(int(ev.mirror_length))
+        self.recent_lens.extend([int(ev.length), int(ev.mirror_length)] if pair else [int(ev.length)])
         told_best, z_best, f_best = members[-1]  # the better of a pair (the individual itself otherwise)
         self.best = max(self.best, f_best)
         moved = dist.version != version_before
