@@ -1,5 +1,6 @@
 """The one RNG of the project: a standard-normal perturbation rebuilt bit for bit from (seed, dim).
-Workers sample z = μ + sqrt(var)·ε from it and the scheduler rebuilds the same z from the seed alone.
+Workers draw z = μ + sqrt(var)·ε from it and the scheduler rebuilds the same z from the seed alone,
+both through `rebuild`.
 
 Algorithm of `perturbation(seed, dim)`, enough to reimplement it elsewhere:
 
