@@ -158,14 +158,12 @@ class AsyncDistribution(Distribution):
 class AesrlDistribution(AsyncDistribution):
     """AES-RL: μ ← (1 − p)·μ + p·z with p from a mean rule, then a Welford variance step.
 
-    `r` is the fitness scale: a number (fixed), "adaptive" (a robust spread of recent f(z) − f(μ),
-    `fitness.FitnessScale`) or "auto" (the spread of recent fitnesses). The scale is part of the
-    state, so a restart continues with the same r.
+    `r` is the fitness scale: a number (fixed) or "adaptive" (a robust spread of recent f(z) − f(μ),
+    `fitness.FitnessScale`). The scale is part of the state, so a restart continues with the same r.
     """
 
     kind = "aesrl"
-    PARAMS = ("mean_rule", "var_rule", "r", "negative_ratio", "positive_ratio", "fixed_n", "var_init", "var_floor",
-              "r_window", "r_factor")
+    PARAMS = ("mean_rule", "var_rule", "r", "negative_ratio", "positive_ratio", "fixed_n", "var_init", "var_floor")
 
     def __init__(
         self,
@@ -178,8 +176,6 @@ class AesrlDistribution(AsyncDistribution):
         fixed_n: float = 10.0,
         var_init: float = 1e-3,
         var_floor: float = VAR_FLOOR,
-        r_window: int = 100,
-        r_factor: float = 1.0,
     ) -> None:
         if mean_rule not in AESRL_MEAN_RULES:
             raise ValueError(f"unknown mean_rule {mean_rule!r}; allowed: {', '.join(AESRL_MEAN_RULES)}")
@@ -188,11 +184,9 @@ class AesrlDistribution(AsyncDistribution):
             raise ValueError(f"unknown var_rule {var_rule!r}; allowed: {', '.join(AESRL_VAR_RULES)}{hint}")
         self.scale: FitnessScale | None = None
         if isinstance(r, str):
-            if r not in ("adaptive", "auto"):
-                raise ValueError(f"r must be a positive number, 'adaptive' or 'auto', got {r!r}")
-            window = _int("r_window", r_window, 1)
-            self.scale = FitnessScale(r, window=window, factor=_real("r_factor", r_factor, positive=True),
-                                      min_gaps=min(5, window))
+            if r != "adaptive":
+                raise ValueError(f"r must be a positive number or 'adaptive', got {r!r}")
+            self.scale = FitnessScale(r)
             r = self.scale.r
         elif r is None:
             if mean_rule != "one-plus-one":
@@ -225,26 +219,14 @@ class AesrlDistribution(AsyncDistribution):
     def tell(self, z: Any, f_z: float, f_mu: float) -> float:
         return self.tell_step(z, f_z, f_mu)[0]
 
-    def tell_step(self, z: Any, f_z: float, f_mu: float, var_step: bool = True,
-                  scale_step: bool = True, jump: bool = False, lend: bool = False,
-                  r: float | None = None) -> tuple[float, kernels.StepOut | None]:
+    def tell_step(self, z: Any, f_z: float, f_mu: float,
+                  scale_step: bool = True) -> tuple[float, kernels.StepOut | None]:
         """`tell`, also returning the compiled kernel's one-pass outputs (μ', var', σ', changed,
         ||μ' − μ||) when it ran the step, else None: the optimizer hands σ' and the move on to the
         scheduler instead of having them computed a second time.
 
-        `var_step=False` moves μ but leaves the variance as it is: for an individual that was not
-        drawn from N(μ, var) (an RL individual, moved by gradient steps), whose distance from μ says
-        nothing about the spread of good samples (RunConfig.rl_var_update).
-
         `scale_step=False` judges the individual on the current fitness scale without adding its gap
-        to the scale's window (RunConfig.r_kinds = "es": RL gaps do not set r). `lend=True` with it: the
-        gap counts towards the scale while it has too few gaps of its own (RunConfig.r_lend_rl).
-
-        `r` judges this individual on that scale instead of the distribution's own, which it leaves
-        alone (RunConfig.r_kinds = "own": RL individuals on the spread of RL gaps).
-
-        `jump=True` replaces the mean rule by the (1+1) rule for this individual: μ moves all the way to
-        z if it beats f(μ), else not at all, whatever the scale (RunConfig.rl_jump)."""
+        to the scale's window (an RL individual: only ES gaps set r, `fitness.FitnessScale`)."""
         fn = kernels.compiled()
         plain = kernels.plain_vector(z, self.dim) if fn is not None else None
         if plain is None:
@@ -253,22 +235,19 @@ class AesrlDistribution(AsyncDistribution):
             z, f_z, f_mu = plain, _real("f_z", f_z), _real("f_mu", f_mu)  # the kernel checks z is finite
             if self.scale is not None and not np.all(np.isfinite(z)):  # before the scale counts it
                 raise ValueError("z must be finite (and within float32 range)")
-        if r is not None:
-            r = _real("r", r, positive=True)
-        elif self.scale is not None:  # inputs are valid: this result now counts towards the scale
-            r_now = self.scale.update(f_z, f_mu) if scale_step else self.scale.judge(f_z, f_mu, lend=lend)
+        if self.scale is not None:  # inputs are valid: this result now counts towards the scale
+            r_now = self.scale.update(f_z, f_mu) if scale_step else self.scale.judge()
             self.r = self.scale.r if r_now is None else r_now
-            if r_now is None and not jump:  # too few gaps to know their spread: recorded, μ stays
+            if r_now is None:  # too few gaps to know their spread: recorded, μ stays
                 return 0.0, None
-        if r is None:  # one-plus-one ignores r; pass a harmless placeholder rather than None
-            r = 1.0 if self.r is None else self.r
-        p = update_ratio("one-plus-one" if jump else self.mean_rule, f_z, f_mu, r, self.negative_ratio,
-                         self.positive_ratio)
+        # one-plus-one ignores r; pass a harmless placeholder rather than None
+        r = 1.0 if self.r is None else self.r
+        p = update_ratio(self.mean_rule, f_z, f_mu, r, self.negative_ratio, self.positive_ratio)
         if p == 0.0:
             if plain is not None and self.scale is None and not np.all(np.isfinite(z)):
                 raise ValueError("z must be finite (and within float32 range)")
             return p, None
-        n = variance_n(self.var_rule, p, self.fixed_n) if var_step else 0.0
+        n = variance_n(self.var_rule, p, self.fixed_n)
         if fn is not None:
             step = kernels.aesrl_step(self.mean, self.var, z, p, n, self.var_floor, fn)
             if step.changed:
@@ -288,8 +267,7 @@ class AesrlDistribution(AsyncDistribution):
     def _check_extra_state(self, state: dict[str, Any]) -> Any:
         if self.scale is None or "scale" not in state:  # a state written before the scale existed
             return None
-        probe = FitnessScale(self.scale.mode, window=self.scale.window, factor=self.scale.factor,
-                             min_gaps=self.scale.min_gaps)
+        probe = FitnessScale(self.scale.mode, window=self.scale.window, min_gaps=self.scale.min_gaps)
         probe.load_state(state["scale"])
         return probe
 

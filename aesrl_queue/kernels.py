@@ -40,7 +40,7 @@ class Kernels(NamedTuple):
 class StepOut(NamedTuple):
     mean: np.ndarray  # μ' (float32, new array)
     var: np.ndarray  # var' (float32, new array; var itself when the variance step is skipped)
-    std: np.ndarray  # sqrt(var') in float32, as noise.sample computes it
+    std: np.ndarray  # sqrt(var') in float32, as noise.scale computes it
     changed: bool  # μ' != μ or var' != var anywhere
     moved: float  # ||μ' − μ||₂
 
@@ -202,11 +202,6 @@ def perturbation(seed: int, dim: int, fn: Kernels | None = None) -> np.ndarray:
     out = np.empty(dim, dtype=np.float32)
     fns.box_muller(noise.uniforms(seed, 2 * pairs), out)
     return out
-
-
-def job_noise(seed: int, dim: int) -> np.ndarray:
-    """`noise.job_noise` (ε of a job seed, mirrored seeds negated) through `perturbation` above."""
-    return noise.job_noise(seed, dim, perturb=perturbation)
 
 
 def aesrl_step(mu: np.ndarray, var: np.ndarray, z: np.ndarray, p: float, n: float, floor: float,

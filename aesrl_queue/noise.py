@@ -1,5 +1,6 @@
 """The one RNG of the project: a standard-normal perturbation rebuilt bit for bit from (seed, dim).
-Workers sample z = μ + sqrt(var)·ε from it and the scheduler rebuilds the same z from the seed alone.
+Workers draw z = μ + sqrt(var)·ε from it and the scheduler rebuilds the same z from the seed alone,
+both through `rebuild`.
 
 Algorithm of `perturbation(seed, dim)`, enough to reimplement it elsewhere:
 
@@ -155,7 +156,8 @@ def derive_seeds(seed: int, count: int) -> list[int]:
     return [int(w) for w in words >> np.uint64(1)]
 
 
-def _scale(mu: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def scale(mu: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(μ, σ) of a version as float32, σ = sqrt(var) rounded once: what `rebuild` takes."""
     mu32 = np.asarray(mu, dtype=np.float32)
     var32 = np.asarray(var, dtype=np.float32)
     if mu32.shape != var32.shape:
@@ -172,30 +174,59 @@ def mirrored(seed: int) -> int:
 
 def job_noise(seed: int, dim: int, perturb=perturbation) -> np.ndarray:
     """The signed ε of a job seed: ε(seed), or −ε(s) for seed = mirrored(s). Depends on no μ/var,
-    so a scheduler can compute it while the job runs and finish `sample` later with `shift`.
+    so a scheduler can compute it while the job runs and hand it to `rebuild` later.
     `perturb` computes ε(s); the scheduler passes the compiled `kernels.perturbation` (same bits)."""
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and SEED_LIMIT <= seed < 2 * SEED_LIMIT:
         return np.negative(perturb(int(seed) - SEED_LIMIT, dim))
     return perturb(seed, dim)
 
 
-def shift(mu: np.ndarray, std: np.ndarray, eps: np.ndarray) -> np.ndarray:
-    """μ + std·ε in float32 (std = sqrt(var) as float32): the last step of `sample`."""
-    return mu + std * eps.reshape(mu.shape)
+class Individual:
+    """An ES individual rebuilt from its version's (μ, σ) and its job seed: z = μ + σ·ε, and for an
+    antithetic job its mirror μ − σ·ε (else None)."""
+
+    __slots__ = ("z", "mirror", "mean")
+
+    def __init__(self, z: np.ndarray, mirror: np.ndarray | None, mean: np.ndarray | None) -> None:
+        self.z, self.mirror, self.mean = z, mirror, mean
+
+    def offset(self, mean_now: np.ndarray) -> np.ndarray:
+        """What moves the individual (and its mirror) to the same place around `mean_now` as around the
+        μ it was drawn from (float64; pair_shift): mean_now − μ, where the centre of a pair is the
+        midpoint of z and its mirror."""
+        centre = self.mean if self.mirror is None else 0.5 * (self.z.astype(np.float64) + self.mirror)
+        return mean_now.astype(np.float64) - centre
+
+
+def rebuild(mu: np.ndarray, seed: int, *, var: np.ndarray | None = None, std: np.ndarray | None = None,
+            antithetic: bool = False, eps: np.ndarray | None = None, perturb=perturbation) -> Individual:
+    """The individual of job `seed` drawn from (μ, var): the only place one is built from a seed.
+
+    A worker passes `var`; the scheduler passes `std` (float32 sqrt(var), from `scale`, cached per
+    version) and, when it computed it ahead, `eps` (`job_noise` of the seed). Either way z and the
+    mirror are the same bits: μ + σ·ε and μ + σ·(−ε) in float32 (adding −x is subtracting x)."""
+    if std is None:
+        mu, std = scale(mu, var)
+    else:
+        mu = np.asarray(mu, dtype=np.float32)
+    if eps is None or eps.size != mu.size:
+        eps = job_noise(seed, mu.size, perturb)
+    eps = eps.reshape(mu.shape)
+    mirror = mu + std * np.negative(eps) if antithetic else None
+    return Individual(mu + std * eps, mirror, mu)
 
 
 def sample(mu: np.ndarray, var: np.ndarray, seed: int) -> np.ndarray:
-    """z = μ + sqrt(var)·ε(seed) in float32: the only place an individual is built from a seed.
+    """z = μ + sqrt(var)·ε(seed) in float32 (`rebuild`'s z).
 
     A seed s + 2**63 (see `mirrored`) gives μ − sqrt(var)·ε(s) (adding −x is subtracting x, bit
     for bit), so the synchronous CEM loops can hand out antithetic pairs as plain (version, seed) jobs.
     """
-    mu32, std = _scale(mu, var)
-    return shift(mu32, std, job_noise(seed, mu32.size))
+    return rebuild(mu, seed, var=var).z
 
 
 def antithetic_pair(mu: np.ndarray, var: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(μ + sqrt(var)·ε, μ − sqrt(var)·ε) for one ε(seed), in float32."""
-    mu32, std = _scale(mu, var)
+    mu32, std = scale(mu, var)
     step = std * perturbation(seed, mu32.size).reshape(mu32.shape)
     return mu32 + step, mu32 - step

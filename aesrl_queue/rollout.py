@@ -29,7 +29,6 @@ _ENV_CACHE: dict[tuple[str, str], gym.Env] = {}
 _LIMIT_CACHE: dict[int, int | None] = {}
 
 
-
 class NonFiniteError(ValueError):
     """An environment produced a NaN or infinite reward or observation."""
 
@@ -188,17 +187,11 @@ def run_episodes(
     random_actions: bool = False,
     store: bool = True,
     env_kwargs: dict[str, Any] | None = None,
-    action_noise: float = 0.0,
-    noise_seed: int | None = None,
 ) -> Episodes:
     """Run k episodes of a deterministic actor (or of uniform random actions) in the cached env.
 
     The first episode resets with seed; later ones continue the env's RNG. random_actions seeds
     the action space with seed. A NaN/inf reward or observation raises NonFiniteError.
-
-    action_noise > 0 adds Gaussian noise of that std (times the action bound) to every action of
-    the actor, clipped to the bounds, as TD3's exploration does. The draws come from noise_seed
-    alone, step by step, so two actors run with the same seed and noise_seed meet the same noise.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -227,11 +220,6 @@ def run_episodes(
     step = env.step
     sample = env.action_space.sample
     act_fn = None if random_actions else actor.act
-    noisy = act_fn is not None and action_noise > 0
-    if noisy:
-        bound = float(env.action_space.high[0])
-        noise_rng = np.random.default_rng(noise_seed)
-        noise_std = action_noise * bound
     isfinite = math.isfinite
     returns: list[float] = []
     lengths: list[int] = []
@@ -252,9 +240,6 @@ def run_episodes(
                 a[...] = sample()
             else:
                 act_fn(obs, out=a)
-                if noisy:
-                    a += noise_std * noise_rng.standard_normal(act_dim)
-                    np.clip(a, -bound, bound, out=a)
             obs, r, terminated, truncated, _ = step(a)
             t += 1
             if not isfinite(r):

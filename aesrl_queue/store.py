@@ -117,9 +117,8 @@ return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
 class Result:
     """One entry of the results stream, decoded and validated."""
 
-    id: str
     job: str
-    kind: str  # "es", "rl", or "failed"
+    kind: str  # "es" or "rl"
     status: str  # "ok" or "failed"
     version: int
     seed: int
@@ -127,36 +126,18 @@ class Result:
     length: int
     f_mu: float
     f_mu_version: int
-    ind: str
+    ind: str  # RL jobs: the key of the trained individual
     worker: str
     spec_hash: str
     error: str
-    eval_steps: int
+    eval_steps: int  # steps of the f(μ) episodes (interactions, not stored)
     duration: float
-    train_time: float
-    rl_steps: int
     steps: int = -1  # the run's stored steps right after this job's episode was stored (-1: unknown)
     interactions: int = -1
-    # RL jobs: ‖z − μ_v‖ of the sampled individual, and after its TD3 training (NaN for ES)
-    dist_before: float = math.nan
-    dist_after: float = math.nan
-    rl_trained: int = 0  # RL jobs: actor steps trained (fewer than rl_steps when rl_action_limit stopped it)
-    rl_from: int = 0  # rl_actor RL jobs: the stored actor (its count) the job continued; 0 = a fresh sample
-    # rl_line RL jobs: the t of the point μ + t·(z − μ) reported (NaN: z alone), and the steps of the
-    # other points' episodes (stored with rl_line_store "all", interactions only with "best")
-    rl_t: float = math.nan
-    line_len: int = 0
     # antithetic ES jobs (es_antithetic): the return and length of μ − σ·ε (NaN, 0 otherwise)
     mirror_fitness: float = math.nan
     mirror_len: int = 0
-    # action_noise: the std of the action noise both f(z) and f(μ) were measured under (0: none);
-    # such an f(μ) is a reference for f(z) only, not an estimate of the run's f(μ)
-    f_mu_noise: float = 0.0
-    # rl_eval_pairs RL jobs: the start states z and μ were both run from (1: the stored episode's alone),
-    # and z's mean return and episode length over them; f_mu and eval_steps then cover μ's episodes
-    pairs: int = 1
-    pairs_fitness: float = math.nan
-    pairs_len: float = 0.0
+    dist_after: float = math.nan  # RL jobs: ‖z − μ_version‖ after training (how far TD3 moved it)
 
     @property
     def ok(self) -> bool:
@@ -190,7 +171,6 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
     if "job" not in f:
         raise CodecError(f"result {_text(entry_id)} has no field 'job'")
     return Result(
-        id=_text(entry_id),
         job=_text(f["job"]),
         kind=kind,
         status=status,
@@ -206,24 +186,12 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         error=_text(f.get("error", b"")),
         eval_steps=num("eval_steps", int, 0),
         duration=num("duration", float, 0.0),
-        train_time=num("train_time", float, 0.0),
-        rl_steps=num("rl_steps", int, 0),
         steps=num("steps", int, -1),
         interactions=num("interactions", int, -1),
-        dist_before=num("dist_before", float, math.nan),
-        dist_after=num("dist_after", float, math.nan),
-        rl_trained=num("rl_trained", int, 0),
-        rl_from=num("rl_from", int, 0),
-        rl_t=num("rl_t", float, math.nan),
-        line_len=num("line_len", int, 0),
         mirror_fitness=num("mirror_fitness", float, math.nan),
         mirror_len=num("mirror_len", int, 0),
-        f_mu_noise=num("f_mu_noise", float, 0.0),
-        pairs=num("pairs", int, 1),
-        pairs_fitness=num("pairs_fitness", float, math.nan),
-        pairs_len=num("pairs_len", float, 0.0),
+        dist_after=num("dist_after", float, math.nan),
     )
-
 
 class Store:
     """Named operations on the keys of one run."""
@@ -514,25 +482,6 @@ class Store:
         if not key.startswith(self.prefix + "ind:"):
             raise CodecError(f"individual key {key!r} is not an ind: key of run {self.run_id}")
         return codec.decode_array(self.r.get(key), size=self.config().actor_dim, what=key)
-
-    # -- the persistent RL actor (RunConfig.rl_actor) ----------------------------------------------
-    def put_rl_actor(self, params: np.ndarray, job: str) -> int:
-        """Store the actor an RL job trained (the last one to finish wins); returns how many were stored."""
-        pipe = self.r.pipeline()
-        pipe.hincrby(self.key("rl_actor"), "n", 1)
-        pipe.hset(self.key("rl_actor"), mapping={"params": codec.encode_array(params), "job": job})
-        return int(pipe.execute()[0])
-
-    def rl_actor_count(self, client: redis.Redis | None = None) -> int:
-        value = (client or self.r).hget(self.key("rl_actor"), "n")
-        return int(_text(value)) if value is not None else 0
-
-    def read_rl_actor(self, client: redis.Redis | None = None) -> tuple[int, np.ndarray] | None:
-        """(how many actors were stored, the newest one's parameters), or None before the first."""
-        n, blob = (client or self.r).hmget(self.key("rl_actor"), ["n", "params"])
-        if n is None or blob is None:
-            return None
-        return int(_text(n)), codec.decode_array(blob, size=self.config().actor_dim, what="rl_actor")
 
     # -- critic -----------------------------------------------------------------------------------
     def publish_critic(self, version: int, weights: dict[str, np.ndarray], pipe=None) -> None:

@@ -83,7 +83,7 @@ def config_options(f):
         click.option("--var-rule", type=click.Choice(VAR_RULES), default=None, help="AES-RL variance update rule."),
         click.option("--r", "r", default=None,
                      help="Fitness scale r of the mean rule: 'adaptive' (default: robust spread of recent "
-                          "f(z)-f(μ)), 'paper' (the paper's r for the environment), a number, or 'auto'."),
+                          "f(z)-f(μ)), 'paper' (the paper's r for the environment), or a number."),
         click.option("--fitness-shift", "fitness_shift", default=None,
                      help="Amount per step subtracted from returns when aesrl/es compare individuals: "
                           "'alive' (the env's survival bonus: 1 on Hopper, 0 on HalfCheetah), a number, or 0 "

@@ -154,8 +154,7 @@ class MetricsWriter:
                 res = decode_result(entry_id, fields)
             except Exception:  # a malformed entry is the scheduler's to reject; nothing to plot
                 continue
-            # an f(μ) measured under action noise is one ES individual's reference, not the run's f(μ)
-            if res.ok and _finite(res.f_mu) and not res.f_mu_noise:
+            if res.ok and _finite(res.f_mu):
                 self.pending[res.job] = {"f_mu": res.f_mu, "mu_version": res.f_mu_version,
                                          "episodes_steps": res.eval_steps,
                                          "t": int(entry_id.split("-")[0]) / 1000.0, "worker": res.worker}
@@ -201,8 +200,7 @@ class MetricsWriter:
             # why μ moved as it did: the f(μ) f(z) was compared with, the gap, the fitness scale r in
             # use, whether the result was told at all, and an RL individual's distance from its μ
             "f_ref": h.get("f_ref"), "delta": h.get("delta"), "r": h.get("r"), "told": h.get("told", True),
-            "dist_before": h.get("dist_before"), "dist_after": h.get("dist_after"), "rl_trained": h.get("rl_trained"),
-            "rl_from": h.get("rl_from"), "rl_t": h.get("rl_t"), "pairs": h.get("pairs", 1),
+            "dist_after": h.get("dist_after"),
             "sigma_mean": h.get("sigma_mean"), "sigma_min": h.get("sigma_min"), "sigma_max": h.get("sigma_max"),
             "rl_share": self.counts["rl"] / total if total else 0.0, "len": h.get("len"), "job": h.get("job"),
             "worker": h.get("worker"), "random": h.get("random", False), "rl_steps": h.get("rl_steps"),

@@ -226,11 +226,10 @@ def _diagnostics(g: Group, c: str, ax_sigma, ax_r, ax_dist, empty_axes: set) -> 
                           ls="--", lw=1)
             if np.nanmax(arr[:, 1]) / max(np.nanmin(arr[:, 1]), 1e-12) > 50:
                 ax_r.set_yscale("log")
-    for key, ls in (("dist_before", "--"), ("dist_after", "-")):
-        d = kind_means(g, key)
-        if d and np.isfinite(d["rl"]).any():
-            empty_axes.discard(ax_dist)
-            ax_dist.plot(d["x"], d["rl"], color=c, ls=ls, lw=2, marker="o", ms=3)
+    d = kind_means(g, "dist_after")
+    if d and np.isfinite(d["rl"]).any():
+        empty_axes.discard(ax_dist)
+        ax_dist.plot(d["x"], d["rl"], color=c, lw=2, marker="o", ms=3)
 
 
 def _fmt_steps(x: float, _pos=None) -> str:
@@ -335,7 +334,7 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
     ax_r.set(title="fitness scale r in use, and mean |f(z) − f(μ)|", xlabel="stored steps",
              ylabel="r (solid), mean |Δ| (dashed)")
     ax_dist.set(title="RL individual's distance from its μ", xlabel="stored steps",
-                ylabel="‖z − μ‖: sampled (dashed), trained (solid)")
+                ylabel="‖z − μ‖ after training")
     for ax in (ax_steps, ax_time, ax_share, ax_p, ax_imp, ax_sigma, ax_r, ax_dist):
         ax.grid(True, alpha=0.3)
     for ax in (ax_steps, ax_share, ax_p, ax_imp, ax_sigma, ax_r, ax_dist):

@@ -207,22 +207,19 @@ class Dispatcher:
                     self.breaker.failure(res.error or "unknown error", len(self._workers))
         return out
 
-    def individual(self, res: Result, dists: DistCache) -> tuple[np.ndarray, np.ndarray | None]:
-        """The evaluated parameters: rebuilt from (version, seed) for ES, downloaded for RL; and for an
-        antithetic ES job (a finite mirror_fitness) its partner μ − σ·ε, else None.
+    def individual(self, res: Result, dists: DistCache) -> noise.Individual:
+        """The evaluated parameters: rebuilt from (version, seed) for ES (with the mirror of an
+        antithetic job, one with a finite mirror_fitness), downloaded for RL (whose μ it leaves unread:
+        the version may be gone by the time a long RL job reports).
 
-        An ES job's ε was usually computed at dispatch (NoiseAhead); else it is computed here."""
+        An ES job's ε was usually computed at dispatch (NoiseAhead); else `rebuild` computes it."""
         if res.kind == "rl":
             if not res.ind:
                 raise CodecError(f"RL result of {res.job} names no individual key")
-            return self.store.get_individual(res.ind), None
+            return noise.Individual(self.store.get_individual(res.ind), None, None)
         mu, std = dists.get_std(res.version)
-        eps = self.noise_ahead.take(res.job, res.seed)
-        if eps is None or eps.size != mu.size:
-            eps = kernels.job_noise(res.seed, mu.size)
-        z = noise.shift(mu, std, eps)
-        # the worker built the partner as noise.sample(μ, var, noise.mirrored(seed)): μ + σ·(−ε), bit for bit
-        return z, (noise.shift(mu, std, np.negative(eps)) if math.isfinite(res.mirror_fitness) else None)
+        return noise.rebuild(mu, res.seed, std=std, antithetic=math.isfinite(res.mirror_fitness),
+                             eps=self.noise_ahead.take(res.job, res.seed), perturb=kernels.perturbation)
 
     def note_duration(self, kind: str, seconds: float) -> None:
         if math.isfinite(seconds) and seconds > 0:
@@ -332,7 +329,7 @@ class DistCache:
         mu, var = self.get(version)
         std = self._std.get(version)
         if std is None:
-            mu32, std = noise._scale(mu, var)
+            mu32, std = noise.scale(mu, var)
             self._std[version] = std
             return mu32, std
         return np.asarray(mu, dtype=np.float32), std
@@ -371,7 +368,8 @@ class NoiseAhead:
 
     def submit(self, job: str, seed: int) -> None:
         if self._pool is not None and len(self._futures) < self.limit:
-            self._futures[job] = (seed, self._pool.submit(kernels.job_noise, seed, self.dim))
+            self._futures[job] = (seed, self._pool.submit(noise.job_noise, seed, self.dim,
+                                                                   kernels.perturbation))
 
     def take(self, job: str, seed: int) -> np.ndarray | None:
         """ε of `job` if it was computed for this very seed, else None."""

@@ -237,12 +237,9 @@ class Scheduler:
             return skip("rejected", res.job, f"result of {res.job} has fitness {res.fitness} and length "
                         f"{res.length}; rejected", retry=False)
         try:
-            z, mirror_z = self.dispatch.individual(res, self.dists)
+            individual = self.dispatch.individual(res, self.dists)
         except CodecError as exc:
             return skip("rejected", res.job, f"individual of {res.job} unusable: {exc}")
-        # pair_shift tells a single ES individual by its offset from the μ it was drawn from
-        mean_drawn = (self.dists.get_std(res.version)[0]
-                      if cfg.pair_shift and res.kind == "es" and mirror_z is None else None)
         self.dispatch.note_duration(res.kind, res.duration)
         info = self.dispatch.inflight[res.job]
         # Results carry the counters after their episode was stored: no read per result.
@@ -250,20 +247,21 @@ class Scheduler:
             self._counters(max_age=0.0)
         self.counts["steps"] = max(self.counts["steps"], res.steps)
         self.counts["interactions"] = max(self.counts["interactions"], res.interactions)
-        ev = Evaluated(job=res.job, kind=res.kind, version=res.version, seed=res.seed, z=z, fitness=res.fitness,
+        ev = Evaluated(job=res.job, kind=res.kind, version=res.version, z=individual.z, fitness=res.fitness,
                        length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version,
-                       f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes + res.pairs - 1), steps=self.counts["steps"],
+                       f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes), steps=self.counts["steps"],
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
-                       worker=res.worker, duration=res.duration, rl_steps=res.rl_steps,
-                       dist_before=res.dist_before, dist_after=res.dist_after, rl_trained=res.rl_trained,
-                       rl_from=res.rl_from, rl_t=res.rl_t, enqueued_at=float(info.get("enqueued_at", 0.0)), ind=res.ind, mirror_z=mirror_z,
-                       mirror_fitness=res.mirror_fitness, mirror_length=res.mirror_len, f_mu_noise=res.f_mu_noise,
-                       mean_drawn=mean_drawn, pairs=res.pairs, pairs_fitness=res.pairs_fitness,
-                       pairs_length=res.pairs_len)
+                       ind=res.ind, mirror_z=individual.mirror, mirror_fitness=res.mirror_fitness,
+                       mirror_length=res.mirror_len, drawn_from=individual.mean)
         try:
             update = self.opt.tell(ev, now=time.time())
         except ValueError as exc:
             return skip("rejected", res.job, f"tell rejected {res.job}: {exc}")
+        if update.history is not None:  # what the job itself reported, beside what the optimizer made of it
+            update.history.update(worker=res.worker, duration=res.duration, rl_steps=int(info.get("rl_steps", 0)),
+                                  dispatched_at=float(info.get("enqueued_at", 0.0)))
+            if res.kind == "rl":
+                update.history["dist_after"] = res.dist_after
         if update.applied:
             self.applied["results_applied"] += 1
             self.applied[f"{res.kind}_applied"] += 1

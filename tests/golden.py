@@ -73,16 +73,16 @@ def optimizer_trace(algo: str, results: int = 40, env: str = ENV) -> list[dict[s
             z = (mu + 0.05 * rng.standard_normal(mu.size)).astype(np.float32)
             kw["ind"] = f"ind:{spec['n']}"
         else:
-            z = noise.sample(mu, var, spec["seed"])
-            if cfg.es_antithetic and not spec.get("random"):
-                kw.update(mirror_z=noise.sample(mu, var, noise.mirrored(spec["seed"])),
-                          mirror_fitness=float(f_mu + 50.0 * rng.standard_normal()), mirror_length=length)
+            antithetic = cfg.es_antithetic and not spec.get("random")
+            ind = noise.rebuild(mu, spec["seed"], var=var, antithetic=antithetic)
+            z, kw["drawn_from"] = ind.z, ind.mean
+            if antithetic:
+                kw.update(mirror_z=ind.mirror, mirror_fitness=float(f_mu + 50.0 * rng.standard_normal()),
+                          mirror_length=length)
                 steps += length
-            elif cfg.pair_shift:
-                kw["mean_drawn"] = np.asarray(mu, dtype=np.float32)
         steps += length
         ev = Evaluated(job=f"golden-{algo}-j{spec['n']}", kind=spec["kind"], version=spec["version"],
-                       seed=spec["seed"], z=z, fitness=fitness, length=length, f_mu=f_mu,
+                       z=z, fitness=fitness, length=length, f_mu=f_mu,
                        f_mu_version=spec["version"], f_mu_length=float(length), steps=steps, interactions=steps,
                        random=bool(spec.get("random", False)), **kw)
         update = opt.tell(ev, now=float(len(trace)))

@@ -212,109 +212,13 @@ def test_async_algorithms_keep_every_worker_busy_and_update_per_result(cluster, 
         assert all(changed), [h["version"] for h in history]  # the success rule rescales var every time
     else:
         assert sum(changed) >= 0.5 * len(changed), [h["version"] for h in history]
-
-
-@pytest.mark.slow
-def test_action_noise_and_rl_action_limit_end_to_end(cluster, tmp_path) -> None:
-    """action_noise: every ES job after the random phase reports the noise its f(z) and f(μ) ran under,
-    RL and random-action jobs none; the run's f(μ) (history, metrics.jsonl's mu_eval records) comes only
-    from noise-free estimates, and each noisy ES individual is compared with its own noisy μ episode."""
-    from cli.metrics import MetricsWriter
-
-    cfg_file = tmp_path / "noise.toml"
-    # and a trust region so tight that no RL job may keep a single check's worth of steps
-    cfg_file.write_text(CONFIG + "action_noise = 0.3\nrl_action_limit = 1e-9\n")
-    run = "alg-noise"
-    out = run_scheduler(cluster, "aesrl", run, 2400, "--initial-steps", "400", "--r", "200", config=str(cfg_file))
-    check_common(out, 2400)
-    res = [r["res"] for r in out["results"] if r["res"].ok]
-    noisy = {r.job for r in res if r.f_mu_noise}
-    assert noisy and all(r.kind == "es" and r.f_mu_noise == 0.3 for r in res if r.job in noisy)
-    assert any(r.kind == "rl" for r in res) and not any(r.f_mu_noise for r in res if r.kind == "rl")
-    # rl_action_limit: each RL individual is the sample it started from, and says so
-    for r in res:
-        if r.kind == "rl":
-            assert r.rl_trained == 0 and r.rl_steps > 0 and r.dist_after == pytest.approx(r.dist_before, rel=1e-6), r
-    clean_f_mu = {r.f_mu for r in res if r.job not in noisy}
-    history = out["history"]
-    for h in history:
-        if h["job"] in noisy:
-            assert h["f_ref"] == next(r.f_mu for r in res if r.job == h["job"]), h  # its own noisy μ
-        assert not np.isfinite(h["f_mu"]) or h["f_mu"] in clean_f_mu, h
-    writer = MetricsWriter(cluster["client"], run, tmp_path / "metrics.jsonl")
-    writer.poll()
-    writer.close()
-    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in recs if r["type"] == "mu_eval"]
-    assert evals and not any(e["job"] in noisy for e in evals)
-    assert sum(r["type"] == "update" and r["job"] in noisy for r in recs) == len(noisy)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("line_store", ["all", "best"])
-def test_rl_actor_continues_one_actor_and_the_critic_learns_its_q(cluster, tmp_path, line_store) -> None:
-    """rl_actor: every RL job stores the actor it trained, the next one starts from it (so RL jobs start
-    ever further from μ, where a fresh sample lies σ·√dim from it), and the critic's target policy is
-    that actor, not μ. With rl_line (one run for both): an RL job also evaluates the midpoint between
-    μ and its actor, stores both episodes ("all") or the better one's ("best"), and reports the better
-    point as its individual. With rl_eval_pairs 2 every RL job also runs that individual and its μ from a
-    second start state, unstored, and is judged on the means."""
-    cfg_file = tmp_path / "actor.toml"
-    cfg_file.write_text(CONFIG + f"rl_actor = true\nrl_line = [0.5, 1.0]\nrl_line_store = \"{line_store}\"\n"
-                        "rl_eval_pairs = 2\n")
-    run = f"alg-actor-{line_store}"
-    out = run_scheduler(cluster, "aesrl", run, 3200, "--initial-steps", "400", "--r", "200", config=str(cfg_file))
-    check_common(out, 3200)
-    store, client = out["store"], cluster["client"]
-    rl = [r["res"] for r in out["results"] if r["res"].ok and r["res"].kind == "rl"]
-    assert len(rl) >= 4, [r["res"].kind for r in out["results"]]
-    n, actor = store.read_rl_actor()
-    assert n >= len(rl)  # every RL job that reported stored its actor (one replaced under load may have too)
-    last = next(r for r in rl if r.job == client.hget(store.key("rl_actor"), "job").decode())
-    # rl_line: the newest actor is that job's trained z; its individual is z itself or the midpoint
-    # μ_v + (z − μ_v)/2, which lies half of z's distance from μ_v (dist_after) away from z
-    ind = store.get_individual(last.ind)
-    assert last.rl_t in (0.5, 1.0) and last.line_len > 0, last
-    if last.rl_t == 1.0:
-        np.testing.assert_array_equal(ind, actor)
-    else:
-        gap = float(np.linalg.norm(ind.astype(np.float64) - actor))
-        assert gap == pytest.approx(0.5 * last.dist_after, rel=1e-3), (gap, last.dist_after)
-    assert all(r.rl_t in (0.5, 1.0) and r.line_len > 0 for r in rl), [(r.rl_t, r.line_len) for r in rl]
-    # "all": every point's episode is stored, so the run's steps are the reported episodes plus the other
-    # points'; "best": those are interactions only, beside the f(μ) episodes
-    ok = [r["res"] for r in out["results"] if r["res"].ok]
-    stored = sum(r.length + (r.line_len if line_store == "all" else 0) for r in ok)
-    # rl_eval_pairs: z's second episode (pairs_len is the mean of its two lengths) and μ's (in eval_steps)
-    assert all(r.pairs == 2 and 0 < r.pairs_len <= 200 for r in rl), [(r.pairs, r.pairs_len) for r in rl]
-    assert all(r.pairs == 1 for r in ok if r.kind == "es")
-    assert any(r.pairs_fitness != r.fitness for r in rl)  # the second start state is another episode
-    pair_z = sum(round(2 * r.pairs_len) - r.length for r in rl)
-    unstored = sum(r.eval_steps + (r.line_len if line_store == "best" else 0) for r in ok) + pair_z
-    assert (stored, stored + unstored) == (out["state"]["steps"], out["state"]["interactions"])
-    # Only jobs that started before the first RL job finished train a fresh sample (two workers: at most
-    # two); every later one continues a stored actor, and later jobs newer ones.
-    froms = [r.rl_from for r in rl]
-    assert froms.count(0) <= WORKERS and 0 in froms and max(froms) >= len(rl) - WORKERS, froms
-    assert all(0 <= f < n for f in froms), (froms, n)
-    hist = {h["job"]: h for h in out["history"]}
-    assert [hist[r.job]["rl_from"] for r in rl] == froms  # recorded in the history (and metrics.jsonl)
-    assert [hist[r.job]["rl_t"] for r in rl] == [r.rl_t for r in rl]
-    assert [(hist[r.job]["pairs"], hist[r.job]["f_z"]) for r in rl] == [(2, r.pairs_fitness) for r in rl]
-    # The daemon published "Q of mu ..." before the first actor existed; once one is stored it learns the
-    # actor's Q. Under load its last chunk may predate the first actor, so ask a daemon of this run directly.
-    from aesrl_queue.nets import get_flat
-    from workers.critic import CriticDaemon
-
-    assert out["state"]["critic_target"].startswith(("actor ", "mu ")), out["state"]
-    daemon = CriticDaemon(client, client, run)
-    daemon.refresh_target_policy()
-    assert daemon.target_name() == f"actor {n}"
-    np.testing.assert_array_equal(get_flat(daemon.target_actor), actor)
-    store.put_rl_actor(actor + 1.0, "a-later-job")  # a newer actor replaces the target at the next chunk
-    daemon.refresh_target_policy()
-    assert daemon.target_name() == f"actor {n + 1}"
-    np.testing.assert_array_equal(get_flat(daemon.target_actor), actor + 1.0)
+        # an RL job reports how far training moved its individual from μ; the history keeps it beside
+        # the job's own facts
+        rl = [r["res"] for r in out["results"] if r["res"].kind == "rl" and r["res"].ok]
+        hist = {h["job"]: h for h in history}
+        assert rl and all(r.dist_after > 0 for r in rl), [r.dist_after for r in rl]
+        assert all(hist[r.job]["dist_after"] == r.dist_after for r in rl if r.job in hist)
+    assert all(h["worker"] and h["dispatched_at"] > 0 and h["duration"] > 0 for h in history), history[:3]
 
 
 @pytest.mark.slow

@@ -131,6 +131,7 @@ def test_fitness_shift_alive_reads_the_survival_bonus_and_applies_to_the_es_rule
         ("r", math.nan),
         ("r", math.inf),
         ("r", "big"),
+        ("r", "auto"),  # removed: the message says so
         ("total_steps", -1),
         ("total_steps", 0),
         ("batch_size", 2.5),
@@ -139,7 +140,6 @@ def test_fitness_shift_alive_reads_the_survival_bonus_and_applies_to_the_es_rule
         ("rl_ratio", math.nan),
         ("positive_ratio", 0.0),
         ("positive_ratio", 1.2),
-        ("r_kinds", "rl"),
         ("critic_lag", -1),
         ("critic_lag", 0.5),
         ("gamma", -0.1),
@@ -163,16 +163,8 @@ def test_fitness_shift_alive_reads_the_survival_bonus_and_applies_to_the_es_rule
         ("var_init", True),
         ("rl_gain", True),
         ("positive_ratio", True),
-        ("r_factor", True),
         ("gamma", False),
         ("hidden", (True, 64)),
-        ("rl_line", ()),
-        ("rl_line", (0.5, 0.0)),
-        ("rl_line", (0.5, 2.5)),
-        ("rl_line", (0.5, 0.5)),
-        ("rl_line", (0.5, True)),
-        ("rl_line", (0.5, math.nan)),
-        ("rl_line_store", "some"),
         ("fitness_shift", -1.0),
         ("fitness_shift", math.nan),
         ("fitness_shift", "healthy"),
@@ -195,9 +187,11 @@ def test_var_floor_above_var_init_is_rejected() -> None:
 
 
 def test_valid_edge_values_pass() -> None:
-    RunConfig.from_preset("Hopper-v5", rl_ratio=0.0, r="auto", run_id="run_1-A", population=2,
-                          initial_steps=0, hidden=(1,)).validate()
-    RunConfig.from_preset("Hopper-v5", rl_ratio=1.0).validate()
+    edge = RunConfig.from_preset("Hopper-v5", rl_ratio=0.0, r=1e-9, run_id="run_1-A", population=2,
+                                 initial_steps=0, hidden=(1,))
+    assert edge.validate() is edge
+    full = RunConfig.from_preset("Hopper-v5", rl_ratio=1.0)
+    assert full.validate() is full
 
 
 def test_from_dict_rejects_unknown_fields_and_bad_layer_strings() -> None:
@@ -327,10 +321,10 @@ def test_spec_hash_survives_the_blob_round_trip(null_cfg: RunConfig) -> None:
     assert load_config_blob(pack(back.to_dict())).spec_hash == null_cfg.spec_hash
 
 
-def test_spec_hash_round_trip_with_env_kwargs_and_auto_r() -> None:
-    cfg = RunConfig.from_preset("AesrlNull-v0", r="auto", env_kwargs={"episode_len": 20}).resolve()
+def test_spec_hash_round_trip_with_env_kwargs_and_a_named_r() -> None:
+    cfg = RunConfig.from_preset("AesrlNull-v0", r="adaptive", env_kwargs={"episode_len": 20}).resolve()
     back = load_config_blob(pack(cfg.to_dict()))
-    assert back.spec_hash == cfg.spec_hash and back.r == "auto" and back.env_kwargs == {"episode_len": 20}
+    assert back.spec_hash == cfg.spec_hash and back.r == "adaptive" and back.env_kwargs == {"episode_len": 20}
 
 
 def test_spec_hash_follows_what_a_worker_must_agree_on(null_cfg: RunConfig) -> None:
@@ -400,14 +394,30 @@ def test_rule_names_have_one_source() -> None:
     assert distributions.AESRL_MEAN_RULES == rules.MEAN_RULES
 
 
-def test_rl_line_reads_from_text_and_lists_and_needs_rl_jobs() -> None:
-    assert RunConfig.from_preset("Hopper-v5").rl_line == (1.0,)  # the paper: the trained z alone
-    assert RunConfig.from_dict({"rl_line": "0.5, 0.75,1"}).rl_line == (0.5, 0.75, 1.0)
-    cfg = RunConfig.from_dict({"rl_line": [0.75, 1.0]})
-    assert cfg.rl_line == (0.75, 1.0)
-    assert RunConfig.from_dict(cfg.to_dict()).rl_line == (0.75, 1.0)  # survives the run's stored config
-    with pytest.raises(ConfigError, match="rl_line"):
-        RunConfig.from_dict({"rl_line": "half"})
-    for algo, extra in (("td3", {}), ("aesrl", {"rl_ratio": 0.0})):
-        with pytest.raises(ConfigError, match="rl_line"):
-            RunConfig.from_preset("Hopper-v5", algo=algo, rl_line=(0.5, 1.0), **extra).validate()
+def test_a_removed_field_fails_with_a_line_that_names_it(tmp_path) -> None:
+    from aesrl_queue.config import REMOVED_FIELDS
+
+    for name in ("rl_line", "r_kinds", "rl_actor"):
+        with pytest.raises(ConfigError) as err:
+            RunConfig.from_dict({"env_id": "Hopper-v5", name: 1})
+        assert err.value.field == name and "was removed" in str(err.value) and "\n" not in str(err.value)
+        assert "known fields" not in str(err.value)
+    path = tmp_path / "old.toml"
+    path.write_text('env_id = "Hopper-v5"\nrandom_cap = true\n')
+    with pytest.raises(ConfigError, match="random_cap: this field was removed"):
+        RunConfig.from_file(path)
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    assert not set(REMOVED_FIELDS) & known
+
+
+def test_every_setting_has_a_help_line_and_the_departures_are_marked() -> None:
+    from aesrl_queue.config import field_docs
+
+    docs = field_docs()
+    names = [d[0] for d in docs]
+    assert len(docs) <= 50 and "obs_dim" not in names and "created_at" not in names
+    assert all(isinstance(h, str) and h and "\n" not in h for _, _, h, _ in docs)
+    departures = {name for name, _, _, departure in docs if departure}
+    assert {"r", "fitness_shift", "critic_lag", "es_antithetic"} <= departures
+    assert not departures & {"mean_rule", "var_rule", "rl_ratio", "initial_steps", "job_timeout"}
+    assert dict((d[0], d[1]) for d in docs)["hidden"] == RunConfig().hidden

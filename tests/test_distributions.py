@@ -437,7 +437,7 @@ def test_fast_aesrl_step_matches_the_plain_formulas(dim: int) -> None:
 
 
 def test_a_result_told_without_scale_step_is_judged_on_r_but_does_not_move_it() -> None:
-    """RunConfig.r_kinds = "es": RL gaps do not enter the adaptive scale's window."""
+    """RL individuals (scale_step=False): their gaps do not enter the adaptive scale's window."""
     from aesrl_queue.rules import update_ratio
 
     d = make_distribution("aesrl", np.zeros(3), r="adaptive", var_init=1e-2)

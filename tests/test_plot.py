@@ -33,7 +33,7 @@ def write_run(folder, algo="aesrl", seed=0, n=120, slope=1.0, offset=-1000.0, rl
                    "version": i, "kind": kind, "p": p_rl if kind == "rl" else p_es, "f_z": f_z, "f_mu": f_mu,
                    "improved": f_z > f_mu, "sigma_mean": 0.03 if kind == "rl" else 0.01, "sigma_min": 0.01,
                    "sigma_max": 0.05, "r": 5.0 + i / 10, "delta": f_z - f_mu, "told": True,
-                   "dist_before": 0.5 if kind == "rl" else None, "dist_after": 2.0 if kind == "rl" else None}
+                   "dist_after": 2.0 if kind == "rl" else None}
             fh.write(json.dumps(rec) + "\n")
             fh.write(json.dumps({"type": "mu_eval", "t": 5000.0 + i * dt, "elapsed": i * dt, "steps": i * 100,
                                  "interactions": i * 400, "mu_version": i - 1, "f_mu": f_mu}) + "\n")

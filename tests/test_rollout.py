@@ -158,27 +158,3 @@ def test_null_env_in_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
-
-
-def test_action_noise_is_replayed_by_its_seed_and_kept_in_bounds():
-    """Two actors run with the same seed and noise_seed meet the same noise: one actor twice gives the
-    same episode, and the noisy actions differ from the deterministic ones by clipped Gaussian draws."""
-    na = _actor("Pendulum-v1", seed=1)
-    clean = run_episodes("Pendulum-v1", na, seed=3)
-    noisy = run_episodes("Pendulum-v1", na, seed=3, action_noise=0.3, noise_seed=11)
-    again = run_episodes("Pendulum-v1", na, seed=3, action_noise=0.3, noise_seed=11)
-    other = run_episodes("Pendulum-v1", na, seed=3, action_noise=0.3, noise_seed=12)
-    assert again.returns == noisy.returns
-    np.testing.assert_array_equal(again.transitions["act"], noisy.transitions["act"])
-    assert noisy.returns != clean.returns and other.returns != noisy.returns
-    act = noisy.transitions["act"]
-    assert np.abs(act).max() <= 2.0
-    # the stored action is the actor's own plus the noise: its spread around the actor's action of
-    # the same state is 0.3 · max_action (2.0) wherever the clip does not bite
-    gap = act[:, 0] - np.array([na.act(o)[0] for o in noisy.transitions["obs"]])
-    inside = np.abs(act[:, 0]) < 2.0
-    assert 0.4 < gap[inside].std() < 0.8, gap[inside].std()
-    # no noise for random actions, whatever is asked
-    r1 = run_episodes("Pendulum-v1", None, seed=5, random_actions=True, action_noise=0.5, noise_seed=1)
-    r2 = run_episodes("Pendulum-v1", None, seed=5, random_actions=True)
-    np.testing.assert_array_equal(r1.transitions["act"], r2.transitions["act"])

@@ -238,12 +238,12 @@ def test_append_and_read_results(store: Store) -> None:
     rows = store.read_results("0-0")
     assert [i for i, _ in rows] == [a, b]
     r1 = decode_result(*rows[0])
-    assert (r1.id, r1.job, r1.kind, r1.status, r1.ok) == (a, "j1", "es", "ok", True)
+    assert (r1.job, r1.kind, r1.status, r1.ok) == ("j1", "es", "ok", True)
     assert (r1.version, r1.seed, r1.fitness, r1.length, r1.f_mu, r1.f_mu_version) == (3, 11, -1.5, 50, -2.0, 2)
-    assert (r1.worker, r1.spec_hash, r1.duration, r1.ind, r1.rl_steps) == ("w1", "abc", 0.25, "", 0)
+    assert (r1.worker, r1.spec_hash, r1.duration, r1.ind) == ("w1", "abc", 0.25, "")
     r2 = decode_result(*rows[1])
     assert r2.kind == "rl" and not r2.ok and r2.error == "boom" and r2.ind == "aesrl:r1:ind:j2"
-    assert math.isnan(r2.fitness) and math.isnan(r2.f_mu) and r2.f_mu_version == -1 and r2.rl_steps == 10
+    assert math.isnan(r2.fitness) and math.isnan(r2.f_mu) and r2.f_mu_version == -1
     assert [i for i, _ in store.read_results(a)] == [b]
     assert [i for i, _ in store.read_results("0-0", block_ms=50)] == [a, b]
     assert store.read_results(b, block_ms=50) == []

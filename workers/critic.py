@@ -65,7 +65,7 @@ class CriticDaemon:
             self._size = torch.zeros((), device=self.device)
             self._sums = torch.zeros(2, device=self.device)
         self.target_actor = self.spec.make_actor(self.device)
-        self.target_version: int | tuple[str, int] = -1  # μ's version, or ("actor", n) with rl_actor
+        self.target_version = -1  # the version of μ used as TD3's target policy
         self.buffer = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
         # critic_shift: the mirror holds the rewards the update rule judges by (fitness_shift), each
         # step's less shift_per_step, so the critic learns them; the replay stream keeps the environment's
@@ -125,19 +125,7 @@ class CriticDaemon:
                 added += len(ep["rew"])
 
     def refresh_target_policy(self) -> None:
-        """Use the current μ as TD3's target policy (with `rl_actor`: the persistent actor, once one exists)."""
-        n = self.store.rl_actor_count() if self.cfg.rl_actor else 0
-        if n > 0:
-            if ("actor", n) != self.target_version:
-                try:
-                    kept = self.store.read_rl_actor()
-                except CodecError as exc:
-                    log.warning("cannot read the persistent actor for the target policy: %s", exc)
-                    return
-                if kept is not None:
-                    set_flat(self.target_actor, kept[1])
-                    self.target_version = ("actor", kept[0])
-            return
+        """Use the current μ as TD3's target policy."""
         version = self.store.current_version()
         if version == self.target_version:
             return
@@ -150,9 +138,7 @@ class CriticDaemon:
         self.target_version = version
 
     def target_name(self) -> str:
-        """The policy whose Q the critic learns: "mu <version>" or, with rl_actor, "actor <n stored>"."""
-        if isinstance(self.target_version, tuple):
-            return f"actor {self.target_version[1]}"
+        """The policy whose Q the critic learns: "mu <version>"."""
         return f"mu {self.target_version}"
 
     # -- training -------------------------------------------------------------------------------

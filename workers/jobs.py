@@ -139,6 +139,48 @@ class _RunContext:
         return self.critic
 
 
+    def train(self, z: np.ndarray, seed: int, steps: int) -> np.ndarray:
+        """An RL job's individual: z after `steps` TD3 actor steps against the run's critic, on states
+        of the replay. Seeded by the job seed alone, so a job evaluated again trains the same actor."""
+        import torch
+
+        from aesrl_queue.td3 import train_actor
+
+        device = _device()
+        critic = self.load_critic(device)
+        self.sync_mirror(device)
+        if self.mirror is None or len(self.mirror) < self.cfg.batch_size:
+            raise JobRejected(f"replay holds {0 if self.mirror is None else len(self.mirror)} states, "
+                              f"fewer than a batch of {self.cfg.batch_size}")
+        gen = torch.Generator().manual_seed(seed % (2**63))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed % (2**31))
+            z = train_actor(z, self.torch_spec(), critic, lambda n: self.mirror.sample(n, generator=gen)["obs"],
+                            steps=max(1, steps), batch_size=self.cfg.batch_size, lr=self.cfg.actor_lr,
+                            device=device)
+        if not np.all(np.isfinite(z)):
+            raise JobRejected("RL training produced non-finite parameters")
+        return z
+
+    def evaluate_mean(self, kind: str, version: int, mu: np.ndarray, seed: int) -> tuple[float, int, int]:
+        """(f(μ), the version of that μ, its steps) for the scheduler's update rule.
+
+        Paired (the default): the μ the individual was drawn from, already in memory, first from the
+        individual's own start state, so that f(z) − f(μ) measures the policy and not the start.
+        Unpaired (the paper): an ES job evaluates the μ it read at its start, an RL job, which trained
+        for seconds meanwhile, the mean as it is now, from other start states."""
+        from aesrl_queue.rollout import run_episodes
+
+        cfg = self.cfg
+        got = (version, mu) if kind == "es" or cfg.mean_eval_paired else self.read_current_mu()
+        if not got or got[1] is None:
+            return float("nan"), -1, 0
+        self.actor.set_params(got[1])
+        eval_seed = seed if cfg.mean_eval_paired else seed + 1
+        ev = run_episodes(cfg.env_id, self.actor, k=cfg.mean_eval_episodes, seed=eval_seed % (2**31),
+                          store=False, env_kwargs=cfg.env_kwargs)
+        return float(np.mean(ev.returns)), int(got[0]), int(sum(ev.lengths))
+
 _CONTEXTS: dict[tuple[int, str], _RunContext] = {}
 
 
@@ -205,7 +247,7 @@ def run_job(
 ) -> dict[str, Any]:
     t0 = time.monotonic()
     base = {"job": job, "kind": kind, "version": int(version), "seed": int(seed), "worker": WORKER_NAME,
-            "spec_hash": spec_hash, "rl_steps": int(rl_steps)}
+            "spec_hash": spec_hash}
     store = None
     try:
         if kind not in ("es", "rl"):
@@ -236,124 +278,42 @@ def run_job(
 
 def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int, random_actions: bool,
               t0: float) -> dict[str, Any]:
+    """Rebuild the individual, train it (RL), run its episode, estimate f(μ), store and report."""
     from aesrl_queue.rollout import run_episodes
 
-    cfg, store = ctx.cfg, ctx.store
+    cfg, store, job = ctx.cfg, ctx.store, base["job"]
     info = codec.pack({"worker": WORKER_NAME, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
-    started = ctx.begin(base["job"], info)
+    started = ctx.begin(job, info)
     if started is None:
-        log.info("job %s is no longer in flight (replaced or run over); skipped", base["job"])
-        return {"job": base["job"], "skipped": True}
+        log.info("job %s is no longer in flight (replaced or run over); skipped", job)
+        return {"job": job, "skipped": True}
     version, mu, var = started
     base["version"] = version
-    z = noise.sample(mu, var, seed)
-
-    train_time = 0.0
-    ind_key = ""
-    dists = {}
+    # es_antithetic: the job also evaluates μ − σ·ε from the same start state and stores both
+    # episodes; their mean return estimates f(μ) (the first-order terms cancel), so no episode is
+    # spent on μ alone
+    antithetic = kind == "es" and cfg.es_antithetic and not random_actions
+    individual = noise.rebuild(mu, seed, var=var, antithetic=antithetic)
+    z, ind_key, extra = individual.z, "", {}
     if kind == "rl":
-        t_train = time.monotonic()
-        import torch
-
-        from aesrl_queue.td3 import train_actor
-
-        device = _device()
-        critic = ctx.load_critic(device)
-        ctx.sync_mirror(device)
-        if ctx.mirror is None or len(ctx.mirror) < cfg.batch_size:
-            raise JobRejected(f"replay holds {0 if ctx.mirror is None else len(ctx.mirror)} states, "
-                              f"fewer than a batch of {cfg.batch_size}")
-        gen = torch.Generator().manual_seed(seed % (2**63))
-        if cfg.rl_actor:  # continue the run's persistent actor (the sample z seeds only the first)
-            kept = store.read_rl_actor()
-            if kept is not None:
-                dists["rl_from"], z = kept
-        dists["dist_before"] = float(np.linalg.norm(z.astype(np.float64) - mu))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed % (2**31))
-            trained: dict = {}
-            z = train_actor(z, ctx.torch_spec(), critic, lambda n: ctx.mirror.sample(n, generator=gen)["obs"],
-                            steps=max(1, rl_steps), batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device,
-                            max_action_change=cfg.rl_action_limit, info=trained)
-        dists["rl_trained"] = int(trained["steps"])
-        dists["dist_after"] = float(np.linalg.norm(np.asarray(z, dtype=np.float64) - mu))
-        if not np.all(np.isfinite(z)):
-            raise JobRejected("RL training produced non-finite parameters")
-        if cfg.rl_actor:
-            store.put_rl_actor(z, base["job"])
-        train_time = time.monotonic() - t_train
-
-    # action_noise: an ES individual explores with TD3's action noise; its paired f(μ) episode below
-    # meets the same draws (noise_seed), so the gap between them is the policies', not the noise's
-    noise_std = cfg.action_noise if kind == "es" and not random_actions else 0.0
-    noise_seed = seed % (2**63)
-    # rl_line: an RL job evaluates points μ + t·(z − μ), every one from the same start state, and reports
-    # the best point as its individual; rl_line_store says whether the others' episodes are stored
-    line = cfg.rl_line if kind == "rl" else (1.0,)
-    runs = []  # (t, episode, parameters) per point
-    for t in line:
-        point = z if t == 1.0 else (mu + t * (z.astype(np.float64) - mu)).astype(z.dtype)
-        ctx.actor.set_params(point)
-        runs.append((t, run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=seed % (2**31),
-                                     random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs,
-                                     action_noise=noise_std, noise_seed=noise_seed), point))
-    # the best point as the update rule will judge it (fitness_shift); of equal values, the first in rl_line
-    t_best, ep, z = max(runs, key=lambda run: cfg.judged(run[1].returns[0], run[1].lengths[0]))
-    if kind == "rl":
-        ind_key = store.put_individual(base["job"], z, ttl=max(600, cfg.job_timeout))
-    fitness, length = float(ep.returns[0]), int(ep.lengths[0])
-    transitions, mirror, line_unstored = ep.transitions, {}, 0
-    if len(runs) > 1:
-        line_len = sum(int(run[1].lengths[0]) for run in runs) - length  # the other points' episodes
-        dists.update(rl_t=float(t_best), line_len=line_len)
-        if cfg.rl_line_store == "all":
-            transitions = {k: np.concatenate([run[1].transitions[k] for run in runs]) for k in ep.transitions}
-        else:  # "best": the other points' episodes are evaluations, interactions only
-            line_unstored = line_len
-    f_mu, f_mu_version, eval_steps, pair_extra = float("nan"), -1, 0, 0
-    if kind == "es" and cfg.es_antithetic and not random_actions:
-        # The antithetic individual μ − σ·ε from the same start state, stored as well: the pair's
-        # mean return estimates f(μ) (its first-order terms cancel), so no episode is spent on μ.
-        ctx.actor.set_params(noise.sample(mu, var, noise.mirrored(seed)))
-        ep2 = run_episodes(cfg.env_id, ctx.actor, k=1, seed=seed % (2**31), store=True, env_kwargs=cfg.env_kwargs)
+        z = ctx.train(z, seed, rl_steps)
+        ind_key = store.put_individual(job, z, ttl=max(600, cfg.job_timeout))
+        extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - mu))
+    start_state = seed % (2**31)
+    ctx.actor.set_params(z)
+    ep = run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=start_state,
+                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs)
+    fitness, length, transitions = float(ep.returns[0]), int(ep.lengths[0]), ep.transitions
+    mirror = {}
+    if antithetic:
+        ctx.actor.set_params(individual.mirror)
+        ep2 = run_episodes(cfg.env_id, ctx.actor, k=1, seed=start_state, store=True, env_kwargs=cfg.env_kwargs)
         mirror = {"mirror_fitness": float(ep2.returns[0]), "mirror_len": int(ep2.lengths[0])}
         transitions = {k: np.concatenate([v, ep2.transitions[k]]) for k, v in transitions.items()}
-        f_mu, f_mu_version = 0.5 * (fitness + mirror["mirror_fitness"]), version
+        f_mu, f_mu_version, eval_steps = 0.5 * (fitness + mirror["mirror_fitness"]), version, 0
     else:
-        # f(μ) for the scheduler's update rule. Paired (the default): the μ the individual was drawn
-        # from, already in memory, first from the individual's own start state, so that f(z) − f(μ)
-        # measures the policy and not the start. Unpaired (the paper): an ES job evaluates the μ it
-        # read at its start, an RL job, which trained for seconds meanwhile, the mean as it is now,
-        # from other start states. The scheduler keeps the newest estimate for display.
-        got = (version, mu) if kind == "es" or cfg.mean_eval_paired else ctx.read_current_mu()
-        if got and got[1] is not None:
-            f_mu_version = int(got[0])
-            ctx.actor.set_params(got[1])
-            eval_seed = seed if cfg.mean_eval_paired else seed + 1
-            ev = run_episodes(cfg.env_id, ctx.actor, k=cfg.mean_eval_episodes, seed=eval_seed % (2**31),
-                              store=False, env_kwargs=cfg.env_kwargs, action_noise=noise_std,
-                              noise_seed=noise_seed)
-            f_mu = float(np.mean(ev.returns))
-            eval_steps = int(sum(ev.lengths))
-            if kind == "rl" and cfg.rl_eval_pairs > 1 and not random_actions:
-                # rl_eval_pairs: z and its μ once more from each of further start states, unstored; the
-                # reported f(μ) and the pairs' f(z) are the means over every pair (config rl_eval_pairs)
-                zs, mus = [(fitness, length)], [(f_mu, eval_steps)]
-                for i in range(1, cfg.rl_eval_pairs):
-                    pair_seed = (seed + 7919 * i) % (2**31)
-                    for params, out in ((z, zs), (got[1], mus)):
-                        ctx.actor.set_params(params)
-                        e = run_episodes(cfg.env_id, ctx.actor, k=1, seed=pair_seed, store=False,
-                                         env_kwargs=cfg.env_kwargs)
-                        out.append((float(e.returns[0]), int(e.lengths[0])))
-                f_mu = float(np.mean([f for f, _ in mus]))
-                eval_steps = sum(n for _, n in mus)
-                pair_extra = sum(n for _, n in zs[1:])
-                dists.update(pairs=len(zs), pairs_fitness=float(np.mean([f for f, _ in zs])),
-                             pairs_len=float(np.mean([n for _, n in zs])))
-
+        f_mu, f_mu_version, eval_steps = ctx.evaluate_mean(kind, version, mu, seed)
     fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
-                  ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, train_time=train_time,
-                  **dists, **mirror, **({"f_mu_noise": noise_std} if noise_std else {}))
-    store.finish_job(transitions, base["job"], fields, extra_interactions=eval_steps + line_unstored + pair_extra)
-    return {"job": base["job"], "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}
+                  ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, **mirror, **extra)
+    store.finish_job(transitions, job, fields, extra_interactions=eval_steps)
+    return {"job": job, "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}

@@ -27,12 +27,14 @@ from aesrl_queue import noise
 from aesrl_queue.config import ASYNC_ALGOS, RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
-from aesrl_queue.fitness import FitnessScale
 from aesrl_queue.optimizers.base import Evaluated, JobSpec, OwnsDistribution, Update, finite, job_seed
 
 log = logging.getLogger(__name__)
 
 ALGOS = ASYNC_ALGOS
+# An RL job trains as many actor steps as the last 10 evaluated episodes stored (the paper's window),
+# at most rl_steps_max.
+RL_STEPS_WINDOW = 10
 
 
 def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool:
@@ -52,8 +54,7 @@ def build_distribution(cfg: RunConfig, mu: np.ndarray):
         return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
                                  negative_ratio=cfg.negative_ratio,
                                  positive_ratio=cfg.positive_ratio, fixed_n=cfg.fixed_n,
-                                 var_init=cfg.var_init, var_floor=cfg.var_floor, r_window=cfg.r_window,
-                                 r_factor=cfg.r_factor)
+                                 var_init=cfg.var_init, var_floor=cfg.var_floor)
     if cfg.algo == "opo":
         return make_distribution("opo", mu, var_init=cfg.var_init, var_floor=cfg.var_floor)
     if cfg.algo == "acemrl":
@@ -70,12 +71,6 @@ class AesrlOptimizer(OwnsDistribution):
         self.cfg = cfg
         self.rl = uses_rl(cfg)
         self.dist = build_distribution(cfg, mu0)
-        # r_kinds "own": RL individuals are judged on the spread of RL gaps, kept here (the distribution's
-        # scale holds ES gaps); until it has its first gaps they are judged on the ES one, as with "es"
-        self.rl_scale = None
-        if cfg.r_kinds == "own" and getattr(self.dist, "scale", None) is not None and self.dist.scale.adapts:
-            self.rl_scale = FitnessScale(self.dist.scale.mode, window=cfg.r_window, factor=cfg.r_factor,
-                                         min_gaps=min(5, cfg.r_window))
         self.controller = RLController(target=cfg.rl_ratio if self.rl else 0.0, gain=cfg.rl_gain,
                                        initial_steps=cfg.initial_steps)
         self.dispatched = 0  # jobs asked so far: job n has seed job_seed(cfg.seed, n)
@@ -83,7 +78,7 @@ class AesrlOptimizer(OwnsDistribution):
         self.f_mu_len = 0.0  # the mean episode length behind it (fitness_shift)
         self.best = -math.inf  # best f(z) so far (random-action episodes included)
         self.best_kept = -math.inf  # best f(z) of a non-random individual (the one kept for export)
-        self.recent_lens: deque[int] = deque(maxlen=cfg.rl_steps_window)
+        self.recent_lens: deque[int] = deque(maxlen=RL_STEPS_WINDOW)
         self.told = 0  # results passed to the distribution
         self.last_p: dict[str, float] = {}
         self._sigma: tuple[int, float, float, float] | None = None  # (version, mean, min, max) of sqrt(var)
@@ -151,19 +146,13 @@ class AesrlOptimizer(OwnsDistribution):
         if self._lag_holding:
             return []
         room = cfg.critic_lag - (steps - critic_steps)
-        if rl_ready and cfg.critic_lag and cfg.critic_lag_room and steps >= cfg.initial_steps and room >= 0:
-            # within critic_lag: one job, or as many as the room left holds (a stopped critic, which no
-            # longer holds the run with room < 0, caps nothing)
+        if rl_ready and cfg.critic_lag and steps >= cfg.initial_steps and room >= 0:
+            # within critic_lag: one job, or as many as the room left holds, so that the gate does not
+            # open to a burst of jobs (2 per worker) drawn from one μ that overshoot the lag together (a
+            # stopped critic, which no longer holds the run with room < 0, caps nothing)
             n = min(n, max(1, math.ceil(room / job_steps)))
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
-        if random_phase and cfg.random_cap:
-            # No more random episodes than initial_steps: with many workers, the jobs in flight would
-            # otherwise all be random (14 workers stored 37 000 random steps for 10 000). Once the phase's
-            # steps are in flight, wait for them; then the critic wait above applies.
-            n = min(n, math.ceil((cfg.initial_steps - steps) / job_steps - inflight))
-            if n <= 0:
-                return []
         rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps)
         for _ in range(n):
             self.dispatched += 1
@@ -205,97 +194,50 @@ class AesrlOptimizer(OwnsDistribution):
 
         Invalid input raises ValueError and changes nothing."""
         cfg, dist = self.cfg, self.dist
-        f_mu, f_mu_version, f_mu_len = self.f_mu, self.f_mu_version, self.f_mu_len
-        # an f(μ) measured under action noise is this individual's reference only (paired below)
-        if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version and not ev.f_mu_noise:
-            f_mu, f_mu_version, f_mu_len = ev.f_mu, ev.f_mu_version, ev.f_mu_length
-        # fitness_shift: the rule compares returns less shift·length (the run's f(μ) stays the return)
-        shaped = cfg.judged
-        # The f(μ) this individual is compared with: with paired evaluation, the job's own estimate
-        # of the μ it was drawn from, on the same start state; else the newest estimate (the paper).
         pair = ev.mirror_z is not None
         if pair and not finite(ev.mirror_fitness):
             raise ValueError(f"the antithetic partner of {ev.job} has return {ev.mirror_fitness}")
-        # rl_eval_pairs: z's mean over the start states its f(μ) (ev.f_mu, a mean too) was measured on
-        pairs = ev.pairs > 1 and finite(ev.pairs_fitness)
-        f_z_return, f_z_length = (ev.pairs_fitness, ev.pairs_length) if pairs else (ev.fitness, ev.length)
-        f_z = shaped(f_z_return, f_z_length)
-        if pair:  # an antithetic pair: f(μ) is the mean of its two returns, from one start state
-            f_ref = 0.5 * (f_z + shaped(ev.mirror_fitness, ev.mirror_length))
-        elif cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
-            f_ref = shaped(ev.f_mu, ev.f_mu_length)
-        else:
-            f_ref = shaped(f_mu, f_mu_len) if finite(f_mu) else f_z
+        f_mu, f_mu_version, f_mu_len = self.f_mu, self.f_mu_version, self.f_mu_len
+        if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version:
+            f_mu, f_mu_version, f_mu_len = ev.f_mu, ev.f_mu_version, ev.f_mu_length
+        f_z, f_ref = self._judged(ev, f_mu, f_mu_len)
         # A random-action episode says nothing about z: with an adaptive scale it neither moves μ nor
         # enters the scale (the paper's fixed r lets it move μ, as the official code does).
         scale = getattr(dist, "scale", None)
-        told = not (ev.random and scale is not None and scale.mode == "adaptive")
+        told = not (ev.random and scale is not None and scale.adapts)
         mean_before, version_before = dist.mean, dist.version
-        step = r_own = None
-        p = p_loser = 0.0
-        # the individuals to tell: one, or an antithetic pair, the worse first (under the default rules
-        # it leaves μ where it is; the better one then moves μ from there)
-        # (the value told, z, the return) per individual
-        members = [(f_z, ev.z, f_z_return)]
+        # (the value told, z, the return) per individual: one, or an antithetic pair, the worse first
+        # (under the default rules it leaves μ where it is; the better one then moves μ from there)
+        members = [(f_z, ev.z, ev.fitness)]
         if pair:
-            members = sorted([members[0], (shaped(ev.mirror_fitness, ev.mirror_length), ev.mirror_z,
+            members = sorted([members[0], (cfg.judged(ev.mirror_fitness, ev.mirror_length), ev.mirror_z,
                                            ev.mirror_fitness)], key=lambda m: m[0])
         tellees = [(f_i, z_i) for f_i, z_i, _ in members]
-        if cfg.pair_shift and ev.kind == "es" and ev.version != dist.version:
-            # drawn from an older μ: tell the offsets σ·ε from that μ (a pair's midpoint, else the μ the loop
-            # rebuilt z from), added to the current one. Told as they are, z − μ_now also holds how far μ
-            # moved meanwhile, and the variance takes it (Hopper, rl_actor seed 3: σ 0.0035 → 0.113 after
-            # μ moved 63)
-            drawn = 0.5 * (ev.z.astype(np.float64) + ev.mirror_z) if pair else ev.mean_drawn
-            if drawn is not None:
-                shift = dist.mean.astype(np.float64) - drawn
-                tellees = [(f_i, (z_i + shift).astype(np.float32)) for f_i, z_i, _ in members]
-        if told:
-            for f_i, z_i in tellees:
-                p_loser = p
-                if hasattr(dist, "tell_step"):
-                    jump = cfg.rl_jump and ev.kind == "rl"  # a jump says nothing of the spread of samples
-                    # nor does a persistent actor's distance from μ (rl_actor)
-                    rl_var = cfg.rl_var_update and not cfg.rl_actor
-                    if self.rl_scale is not None and ev.kind == "rl":
-                        r_own = self.rl_scale.update(f_i, f_ref)
-                    p, step_i = dist.tell_step(z_i, f_i, f_ref,
-                                               var_step=(rl_var or ev.kind != "rl") and not jump,
-                                               scale_step=cfg.r_kinds == "all" or ev.kind != "rl", jump=jump,
-                                               lend=cfg.r_lend_rl and ev.kind == "rl", r=r_own)
-                    step = step_i if step_i is not None else step
-                else:
-                    p = dist.tell(z_i, f_i, f_ref)
-                p = float(p)
-                self.told += 1
+        if cfg.pair_shift and ev.kind == "es" and ev.version != dist.version and (pair or ev.drawn_from is not None):
+            # drawn from an older μ: tell the offsets σ·ε from that μ, added to the current one. Told as
+            # they are, z − μ_now also holds how far μ moved meanwhile, and the variance takes it
+            offset = noise.Individual(ev.z, ev.mirror_z, ev.drawn_from).offset(dist.mean)
+            tellees = [(f_i, (z_i + offset).astype(np.float32)) for f_i, z_i in tellees]
+        step = None
+        p = p_loser = 0.0
+        for f_i, z_i in tellees if told else ():
+            p_loser = p
+            if hasattr(dist, "tell_step"):  # only ES gaps set the adaptive r (fitness.FitnessScale)
+                p, step_i = dist.tell_step(z_i, f_i, f_ref, scale_step=ev.kind != "rl")
+                step = step_i if step_i is not None else step
+            else:
+                p = dist.tell(z_i, f_i, f_ref)
+            p = float(p)
+            self.told += 1
         self.f_mu, self.f_mu_version, self.f_mu_len = f_mu, f_mu_version, f_mu_len
         self.last_p[ev.kind] = p
-        self.recent_lens.append(int(ev.length))
-        if pair:
-            self.recent_lens.append(int(ev.mirror_length))
-        # the better of a pair (the individual itself otherwise): the value told, z and its return
-        told_best, z_best, f_best = members[-1]
+        self.recent_lens.extend([int(ev.length), int(ev.mirror_length)] if pair else [int(ev.length)])
+        told_best, z_best, f_best = members[-1]  # the better of a pair (the individual itself otherwise)
         self.best = max(self.best, f_best)
         moved = dist.version != version_before
-        std = None
-        if moved:
-            std = step.std if step is not None else noise._scale(dist.mean, dist.var)[1]
-        sigma = self._sigma_stats(std)
-        r_used = r_own if r_own is not None else getattr(dist, "r", None)
-        entry = {"job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
-                 "version": dist.version, "p": p, "f_z": f_z_return, "f_mu": self.f_mu, "len": ev.length, "t": now,
-                 "worker": ev.worker, "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3],
-                 "moved": step.moved if step is not None else float(np.linalg.norm(dist.mean - mean_before)),
-                 "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps,
-                 # diagnostics: the reference f(μ), the scale, and how far an RL job moved its individual
-                 # (f_ref and delta as the rule saw them: less fitness_shift per step where one is set)
-                 "f_ref": f_ref, "delta": f_z - f_ref, "r": r_used, "told": told,
-                 "dist_before": ev.dist_before, "dist_after": ev.dist_after, "rl_trained": ev.rl_trained,
-                 "rl_from": ev.rl_from, "rl_t": ev.rl_t,
-                 # how many updates were told while this individual ran (drawn from an older μ)
-                 "lag": version_before - ev.version}
-        if pairs:  # f_z is the mean over the pairs; the stored episode's return beside it
-            entry.update(pairs=ev.pairs, f_z_stored=ev.fitness)
+        std = (step.std if step is not None else noise.scale(dist.mean, dist.var)[1]) if moved else None
+        entry = self._entry(ev, p, f_ref, f_z, told, std, now, version_before,
+                            step.moved if step is not None else float(np.linalg.norm(dist.mean - mean_before)))
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it
             entry.update(f_z=f_best, delta=told_best - f_ref, f_pair_worse=members[0][2], p_pair_worse=p_loser,
                          mirror_won=z_best is ev.mirror_z)
@@ -307,11 +249,37 @@ class AesrlOptimizer(OwnsDistribution):
         return Update(version=dist.version, moved=moved, mean=dist.mean if moved else None,
                       var=dist.var if moved else None, std=std, history=entry, best=best)
 
+    def _judged(self, ev: Evaluated, f_mu: float, f_mu_len: float) -> tuple[float, float]:
+        """(f(z), the f(μ) it is compared with), both as the rule compares them (less fitness_shift).
+
+        The reference: an antithetic pair's mean, both from one start state; with paired evaluation,
+        the job's own estimate of the μ it was drawn from, on the same start state; else the newest
+        estimate (the paper)."""
+        shaped = self.cfg.judged
+        f_z = shaped(ev.fitness, ev.length)
+        if ev.mirror_z is not None:
+            return f_z, 0.5 * (f_z + shaped(ev.mirror_fitness, ev.mirror_length))
+        if self.cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
+            return f_z, shaped(ev.f_mu, ev.f_mu_length)
+        return f_z, (shaped(f_mu, f_mu_len) if finite(f_mu) else f_z)
+
+    def _entry(self, ev: Evaluated, p: float, f_ref: float, f_z: float, told: bool, std: np.ndarray | None,
+               now: float, version_before: int, moved: float) -> dict[str, Any]:
+        """The history entry of one tell (f_ref and delta as the rule saw them: less fitness_shift)."""
+        sigma = self._sigma_stats(std)
+        return {"job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
+                "version": self.dist.version, "p": p, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length,
+                "t": now, "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3], "moved": moved,
+                "random": bool(ev.random), "f_ref": f_ref, "delta": f_z - f_ref,
+                "r": getattr(self.dist, "r", None), "told": told,
+                # how many updates were told while this individual ran (drawn from an older μ)
+                "lag": version_before - ev.version}
+
     def _sigma_stats(self, std: np.ndarray | None) -> tuple[int, float, float, float]:
         """Mean, min and max of sqrt(var) for the history, computed once per version."""
         if self._sigma is None or self._sigma[0] != self.version:
             if std is None:
-                std = noise._scale(self.dist.mean, self.dist.var)[1]
+                std = noise.scale(self.dist.mean, self.dist.var)[1]
             self._sigma = (self.version, float(std.mean()), float(std.min()), float(std.max()))
         return self._sigma
 
@@ -334,8 +302,7 @@ class AesrlOptimizer(OwnsDistribution):
         return {"algo": self.cfg.algo, "dist": self.dist.state(arrays=False), "controller": self.controller.state(),
                 "dispatched": self.dispatched, "f_mu": self.f_mu, "f_mu_version": self.f_mu_version,
                 "f_mu_len": self.f_mu_len, "best": self.best, "best_kept": self.best_kept, "recent_lens": list(self.recent_lens),
-                "told": self.told, "last_p": dict(self.last_p),
-                **({"rl_scale": self.rl_scale.state()} if self.rl_scale is not None else {})}
+                "told": self.told, "last_p": dict(self.last_p)}
 
     def load_state(self, state: dict[str, Any]) -> AesrlOptimizer:
         """Restore `state()` plus "mean" and "var" (the arrays of its version); returns self."""
@@ -348,10 +315,8 @@ class AesrlOptimizer(OwnsDistribution):
         self.f_mu, self.f_mu_version = float(state["f_mu"]), int(state["f_mu_version"])
         self.f_mu_len = float(state.get("f_mu_len", 0.0))
         self.best, self.best_kept = float(state["best"]), float(state["best_kept"])
-        self.recent_lens = deque((int(x) for x in state["recent_lens"]), maxlen=self.cfg.rl_steps_window)
+        self.recent_lens = deque((int(x) for x in state["recent_lens"]), maxlen=RL_STEPS_WINDOW)
         self.told = int(state["told"])
         self.last_p = {str(k): float(v) for k, v in state.get("last_p", {}).items()}
-        if self.rl_scale is not None and "rl_scale" in state:
-            self.rl_scale.load_state(state["rl_scale"])
         self._sigma = None
         return self

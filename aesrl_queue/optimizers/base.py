@@ -45,7 +45,6 @@ class Evaluated:
     job: str
     kind: str  # "es" or "rl"
     version: int  # the distribution version the individual was drawn from
-    seed: int
     z: np.ndarray
     fitness: float
     length: int
@@ -55,30 +54,14 @@ class Evaluated:
     steps: int = -1  # the run's stored steps after this episode (-1: unknown)
     interactions: int = -1
     random: bool = False  # a random-action episode (the random phase)
-    worker: str = ""
-    duration: float = 0.0
-    rl_steps: int = 0
-    dist_before: float = math.nan
-    dist_after: float = math.nan
-    rl_trained: int = 0  # actor steps an RL job trained (rl_action_limit may stop it before rl_steps)
-    rl_from: int = 0  # rl_actor: which stored actor the RL job continued (0: a fresh sample)
-    rl_t: float = math.nan  # rl_line: the reported point μ + t·(z − μ) (NaN: z itself, no line)
-    enqueued_at: float = 0.0
     ind: str = ""  # RL: the key of the stored trained individual (opaque here; the loop reads it back)
     # an antithetic ES job (es_antithetic): μ − σ·ε, its return and episode length; f_mu is the pair's mean
     mirror_z: np.ndarray | None = None
     mirror_fitness: float = math.nan
     mirror_length: int = 0
-    # a single ES individual told with pair_shift: the μ it was drawn from (the loop has it to rebuild z)
-    mean_drawn: np.ndarray | None = None
-    # action_noise: f_z and f_mu were both measured under action noise of this std (0: none); f_mu is
-    # then this individual's reference only, not an estimate of the run's f(μ)
-    f_mu_noise: float = 0.0
-    # rl_eval_pairs: z and μ were run from `pairs` start states; z's mean return and episode length over
-    # them (f_mu is μ's mean over the same states). 1: the stored episode alone
-    pairs: int = 1
-    pairs_fitness: float = math.nan
-    pairs_length: float = 0.0
+    # the μ the individual was drawn from (μ of `version`, float32), where the loop has it: pair_shift
+    # measures an ES individual's offset from it (`noise.Individual.offset`)
+    drawn_from: np.ndarray | None = None
 
 
 @dataclass
@@ -90,7 +73,8 @@ class Update:
     mean: np.ndarray | None = None  # the new version's arrays when moved (not copies: do not modify)
     var: np.ndarray | None = None
     std: np.ndarray | None = None  # sqrt(var) of the new version when already computed, else None
-    history: dict[str, Any] | None = None  # one history entry (the loop adds nothing but clocks)
+    # one history entry; the loop adds the job's own facts (worker, duration, rl_steps, dispatched_at)
+    history: dict[str, Any] | None = None
     best: dict[str, Any] | None = None  # a new best individual: params, fitness, job, kind, version, steps
     applied: bool = True  # counts as an applied result (results_applied, {kind}_applied)
     extra: dict[str, Any] = field(default_factory=dict)

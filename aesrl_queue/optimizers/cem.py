@@ -191,7 +191,7 @@ class CemOptimizer(OwnsDistribution):
             raise ValueError(f"job {ev.job} used version {ev.version}, generation {self.gen['g']} is version "
                              f"{self.version}")
         m = self.gen["members"][i]
-        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length), ind=ev.ind, worker=ev.worker)
+        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length), ind=ev.ind)
         if finite(ev.f_mu) and ev.f_mu_version == self.version:
             m["f_mu"] = float(ev.f_mu)
         self._z[i] = ev.z
@@ -206,10 +206,9 @@ class CemOptimizer(OwnsDistribution):
         update.history = {
             "job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
             "version": self.version, "p": 0.0, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length, "t": now,
-            "worker": ev.worker, "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()),
+            "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()),
             "sigma_max": float(sigma.max()), "moved": float(np.linalg.norm(self.dist.mean - mean_before)),
-            "duration": ev.duration, "random": bool(ev.random), "rl_steps": ev.rl_steps, "generation": g,
-            "member": i, "told": told, "dispatched_at": ev.enqueued_at}
+            "random": bool(ev.random), "generation": g, "member": i, "told": told}
         if not ev.random and ev.fitness > self.best_kept:
             self.best_kept = ev.fitness
             update.best = {"params": ev.z, "fitness": ev.fitness, "job": ev.job, "kind": ev.kind,
