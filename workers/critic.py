@@ -48,9 +48,7 @@ class CriticDaemon:
         self.stop_event = stop_event or threading.Event()
         self.checkpoint_every = checkpoint_every
         cfg = self.cfg
-        self.spec = NetSpec(obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action,
-                            hidden=tuple(cfg.hidden), activation=cfg.activation,
-                            critic_hidden=tuple(cfg.critic_hidden), critic_activation=cfg.critic_activation)
+        self.spec = NetSpec.from_config(cfg)
         self.critic = self.spec.make_critic(self.device)
         self.critic_target = self.spec.make_critic(self.device)
         hard_update(self.critic_target, self.critic)

@@ -50,11 +50,7 @@ class _RunContext:
         self.cfg = self.store.config()
         cfg = self.cfg
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
-        self.spec = NetSpec(
-            obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action, hidden=tuple(cfg.hidden),
-            activation=cfg.activation, critic_hidden=tuple(cfg.critic_hidden),
-            critic_activation=cfg.critic_activation,
-        )
+        self.spec = NetSpec.from_config(cfg)
         self.actor = self.spec.make_numpy_actor()
         self.mirror = None  # obs-only replay mirror, built on the first RL job
         self.mirror_last = "0-0"
