@@ -176,9 +176,10 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
 
     An existing run id is never started over silently: --run/--resume continue it, --force deletes it.
     """
+    from aesrl_queue.procs import install_signal_handlers
     from aesrl_queue.store import Store
     from aesrl_queue.td3 import pick_device
-    from scheduler.loop import install_signal_handlers, make_scheduler
+    from scheduler.loop import make_scheduler
 
     if run and force:
         fail("force: --run resumes a run, --force deletes one; pass one of them")
@@ -310,8 +311,8 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
     """Train the TD3 critic of a run continuously and republish its weights."""
     import torch
 
+    from aesrl_queue.procs import install_signal_handlers
     from aesrl_queue.store import Store, list_runs
-    from scheduler.loop import install_signal_handlers
     from workers.critic import CriticDaemon
 
     torch.set_num_threads(int(os.environ.get("AESRL_TORCH_THREADS", "1")))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import signal
 import threading
 import time
 from typing import Any
@@ -41,8 +40,7 @@ from scheduler.common import Dispatcher, DistCache
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "AsyncScheduler", "Scheduler", "install_signal_handlers", "make_scheduler",
-           "uses_rl"]
+__all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "Scheduler", "make_scheduler", "uses_rl"]
 
 COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state fields others write
 
@@ -331,9 +329,6 @@ class Scheduler:
         return "finished"
 
 
-AsyncScheduler = Scheduler  # the name cli/ and bench/ used before every algorithm shared this loop
-
-
 def make_scheduler(client: redis.Redis, blocking_client: redis.Redis, cfg: RunConfig,
                    stop_event: threading.Event | None = None, device: str | None = "auto"):
     """The scheduler of any --algo: this loop for the queue algorithms, the one-process TD3 for td3
@@ -351,14 +346,3 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return False
     return all(x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
                for x, y in ((a[k], b[k]) for k in a))
-
-
-def install_signal_handlers(stop_event: threading.Event) -> None:
-    """SIGINT/SIGTERM set the stop event (a second one raises KeyboardInterrupt)."""
-    def handler(signum, frame):
-        if stop_event.is_set():
-            raise KeyboardInterrupt
-        stop_event.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
