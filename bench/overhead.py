@@ -38,6 +38,7 @@ from rq import Queue  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 from rq.utils import str_to_date  # noqa: E402
 
+from aesrl_queue.codec import json_default  # noqa: E402
 from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.procs import ProcessGroup  # noqa: E402
@@ -789,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in result["notes"]:
         print(f"- {n}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)))
+    args.out.write_text(json.dumps(result, indent=1, default=json_default))
     print(f"\nwrote {args.out} ({result['elapsed_s']:.0f} s)")
     return 0
 

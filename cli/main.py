@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from aesrl_queue.codec import CodecError
+from aesrl_queue.codec import CodecError, json_default
 from aesrl_queue.config import (
     ALGOS,
     MEAN_RULES,
@@ -414,13 +414,7 @@ def status(redis_url, run, watch, until_done, interval, as_json) -> None:
     s = safe_gather(client, run)
     if isinstance(s, str):
         fail(f"run: {s}")
-    click.echo(json.dumps(s, default=_json_default) if as_json else render(s))
-
-
-def _json_default(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return str(x)
+    click.echo(json.dumps(s, default=json_default) if as_json else render(s))
 
 
 @cli.command()
@@ -615,7 +609,7 @@ def evaluate(policy, episodes, seed, video_dir, as_json) -> None:
     except ExportError as exc:
         fail(str(exc))
     if as_json:
-        click.echo(json.dumps(res, default=_json_default))
+        click.echo(json.dumps(res, default=json_default))
         sys.exit(1 if "video_error" in res else 0)
     click.echo(f"{res['env_id']} ({res['which']}): return {res['mean']:.1f} ± {res['std']:.1f} "
                f"over {episodes} episodes (min {min(res['returns']):.1f}, max {max(res['returns']):.1f})")
