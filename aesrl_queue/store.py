@@ -715,6 +715,35 @@ def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
     return [(_text(k), float(s)) for k, s in client.zrange(RUNS_KEY, 0, -1, withscores=True)]
 
 
+def worker_beat(client: redis.Redis, name: str, fields: dict[str, Any]) -> None:
+    """One heartbeat: replace the worker's hash with `fields`, give it WORKER_TTL, list its name."""
+    key = WORKER_KEY.format(name=name)
+    pipe = client.pipeline()
+    pipe.delete(key)
+    pipe.hset(key, mapping=fields)
+    pipe.expire(key, WORKER_TTL)
+    pipe.sadd(WORKERS_KEY, name)
+    pipe.execute()
+
+
+def worker_gone(client: redis.Redis, name: str) -> None:
+    """A worker that stops on its own removes its heartbeat at once instead of letting it expire."""
+    client.delete(WORKER_KEY.format(name=name))
+    client.srem(WORKERS_KEY, name)
+
+
+def worker_ages(client: redis.Redis, names: list[str]) -> list[float | None]:
+    """Seconds since each worker's last heartbeat, from its key's TTL (Redis's clock, not the worker's);
+    None where the key is gone or has no TTL."""
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        pipe.pttl(WORKER_KEY.format(name=n))
+    return [max(0.0, WORKER_TTL - ttl / 1000.0) if isinstance(ttl, int) and ttl >= 0 else None
+            for ttl in pipe.execute()]
+
+
 def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
     """Workers whose heartbeat key still exists, with their fields; prunes the dead from the set."""
     names = [_text(n) for n in client.smembers(WORKERS_KEY)]
