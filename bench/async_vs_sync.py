@@ -94,7 +94,7 @@ def run_one(client: redis.Redis, blocking: redis.Redis, cfg: RunConfig, n_worker
     if "error" in box:
         raise RuntimeError(f"{cfg.algo} failed: {box['error']!r}") from box["error"]
     store = Store(client, cfg.run_id)
-    rows = store.read_results("0-0", count=1_000_000)
+    rows = store.read_stream("results", count=1_000_000)
     results = []
     for entry_id, fields in rows:
         res = decode_result(entry_id, fields)

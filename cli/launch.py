@@ -391,9 +391,9 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
                 echo(f"resume: {note}", err=True)
             if cfg.total_steps != store.config().total_steps:
                 store.replace_config(cfg)
-            store.clear_state_fields("finished_at")
+            store.set_state(finished_at=None)
             if store.status() in ("finished", "stopped", "failed"):
-                store.set_status("created")  # until its scheduler runs again
+                store.set_state(status="created", updated_at=time.time())  # until its scheduler runs again
             echo(f"resuming run {cfg.run_id} at {store.state()['steps']:,} of {cfg.total_steps:,} steps", err=True)
         else:
             store = Store(client, cfg.run_id)

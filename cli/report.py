@@ -39,7 +39,7 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
     store = Store(client, run_id)
     cfg = store.config()
     st = store.state()
-    hist = store.recent_history(window)
+    hist = [h for _, h in store.history(count=window, newest=True)]
     now = redis_now(client)
     out: dict[str, Any] = {
         "run": run_id, "env": cfg.env_id, "algo": cfg.algo, "status": st.get("status", "?"),
