@@ -38,6 +38,16 @@ def _default(obj: Any) -> Any:
     raise CodecError(f"cannot encode a value of type {type(obj).__name__}")
 
 
+def json_default(obj: Any) -> Any:
+    """`json.dumps(..., default=json_default)`: numpy scalars as Python numbers, arrays as lists, anything
+    else JSON cannot write as its text (run folders, reports and benchmark results stay readable)."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code != _EXT_NDARRAY:
         raise CodecError(f"unknown msgpack extension type {code}")

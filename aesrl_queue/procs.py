@@ -6,7 +6,8 @@ reaches the parent alone and the parent stops the children in its own order. Eac
 the kernel (prctl PR_SET_PDEATHSIG) to receive a signal the moment the thread that started it
 dies, so that a `kill -9` of the parent, which runs no clean-up at all, still ends every child.
 Stopping a child signals its whole process group, and every step of `stop_all` runs even when an
-earlier one failed.
+earlier one failed. `install_signal_handlers` turns SIGINT/SIGTERM into a stop event for the
+scheduler and the critic daemon.
 """
 
 from __future__ import annotations
@@ -180,3 +181,16 @@ def worker_command(url: str, burst: bool = False, name: str | None = None) -> li
     if name:
         cmd += ["-n", name]
     return cmd + ["aesrl-rl", "aesrl-es"]
+
+
+def install_signal_handlers(stop_event: threading.Event) -> None:
+    """SIGINT/SIGTERM set the stop event (a second one raises KeyboardInterrupt).
+
+    The scheduler's and the critic daemon's processes both install it, so it lives here, below both."""
+    def handler(signum, frame):
+        if stop_event.is_set():
+            raise KeyboardInterrupt
+        stop_event.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

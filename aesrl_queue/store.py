@@ -30,8 +30,21 @@ WORKER_KEY = "aesrl:worker:{name}"  # hash with a short TTL, refreshed by the wo
 WORKER_TTL = 10  # seconds a worker counts as live after its last heartbeat
 QUEUE_RL = "aesrl-rl"
 QUEUE_ES = "aesrl-es"
+# Names under a run's prefix (Store.key) of its streams and of the version each started job uses; the
+# overhead benchmark reads these raw to measure what travels and what is kept (bench/rawkeys.py).
+HISTORY, RESULTS, REPLAY, REFS = "history", "results", "replay", "refs"
+# save_checkpoint's parts: the key under the run's prefix, and what a decoding error names.
+CHECKPOINTS = {"optimizer": ("optimizer", "optimizer state"), "critic": ("critic:ckpt", "critic checkpoint"),
+               "td3": ("td3:ckpt", "td3 checkpoint")}
 STATUSES = ("created", "running", "draining", "finished", "stopped", "failed")
 EPISODE_FIELDS = ("obs", "act", "rew", "next_obs", "done")
+
+
+def dist_name(version: int) -> str:
+    """The name under a run's prefix of the hash of μ/var version `version` (the Lua scripts below
+    spell it too)."""
+    return f"dist:{version}"
+
 
 # Integer and float fields of the state hash (everything else is kept as text).
 STATE_INTS = (
@@ -266,15 +279,19 @@ class Store:
         return default if value is None else cast(_text(value))
 
     def set_state(self, pipe=None, **fields: Any) -> None:
-        (pipe or self.r).hset(self.key("state"), mapping={k: _fmt(v) for k, v in fields.items()})
+        """Write state fields; a field given as None is removed, a `status` must be one of STATUSES."""
+        if "status" in fields and fields["status"] not in STATUSES:
+            raise ValueError(f"status {fields['status']!r} is not one of {', '.join(STATUSES)}")
+        c = pipe or self.r
+        kept = {k: _fmt(v) for k, v in fields.items() if v is not None}
+        if kept:
+            c.hset(self.key("state"), mapping=kept)
+        gone = [k for k, v in fields.items() if v is None]
+        if gone:
+            c.hdel(self.key("state"), *gone)
 
     def incr(self, name: str, amount: int = 1, pipe=None) -> None:
         (pipe or self.r).hincrby(self.key("state"), name, amount)
-
-    def set_status(self, status: str) -> None:
-        if status not in STATUSES:
-            raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
-        self.set_state(status=status, updated_at=time.time())
 
     def status(self) -> str:
         value = self.r.hget(self.key("state"), "status")
@@ -283,7 +300,7 @@ class Store:
     # -- search distribution versions -------------------------------------------------------------
     def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, pipe=None) -> None:
         (pipe or self.r).hset(
-            self.key(f"dist:{version}"),
+            self.key(dist_name(version)),
             # Views, not copies: the pipeline sends them before anyone could change the arrays.
             mapping={"mu": codec.array_view(mu), "var": codec.array_view(var), "version": version},
         )
@@ -291,36 +308,17 @@ class Store:
     def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:
         """μ and var of `version`; CodecError if the version is gone or its blobs are malformed."""
         dim = self.config().actor_dim
-        mu, var = (client or self.r).hmget(self.key(f"dist:{version}"), ["mu", "var"])
+        mu, var = (client or self.r).hmget(self.key(dist_name(version)), ["mu", "var"])
         if mu is None or var is None:
             raise CodecError(f"distribution version {version} of run {self.run_id} is not in Redis (expired?)")
-        mu, var = self.decode_dist(version, mu, var, dim)
+        mu, var = decode_dist(version, mu, var, dim)
         if np.any(var <= 0):
             raise CodecError(f"dist:{version} var holds non-positive values")
         return mu, var
 
-    def decode_dist(self, version: int, mu: bytes, var: bytes, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """μ and var from the raw blobs of dist:{version} (as a job's start script returns them)."""
-        dim = self.config().actor_dim if dim is None else dim
-        return (codec.decode_array(mu, size=dim, what=f"dist:{version} mu"),
-                codec.decode_array(var, size=dim, what=f"dist:{version} var"))
-
     def current_version(self, client: redis.Redis | None = None) -> int:
         value = (client or self.r).hget(self.key("state"), "version")
         return int(_text(value)) if value is not None else 0
-
-    def expire_dists(self, versions: list[int], ttl: int = 30, pipe=None) -> None:
-        """Give superseded versions a short TTL (a job that just read one still finishes)."""
-        if not versions:
-            return
-        p = pipe if pipe is not None else self.r.pipeline(transaction=False)
-        for v in versions:
-            p.expire(self.key(f"dist:{v}"), ttl)
-        if pipe is None:
-            p.execute()
-
-    def has_dist(self, version: int) -> bool:
-        return bool(self.r.exists(self.key(f"dist:{version}")))
 
     # -- in-flight jobs ---------------------------------------------------------------------------
     def add_inflight(self, job: str, info: dict[str, Any], pipe=None) -> None:
@@ -335,13 +333,6 @@ class Store:
                 log.warning("dropping malformed in-flight entry: %s", exc)
                 self.r.hdel(self.key("inflight"), k)
         return out
-
-    def is_inflight(self, job: str, client: redis.Redis | None = None) -> bool:
-        return bool((client or self.r).hexists(self.key("inflight"), job))
-
-    def mark_started(self, job: str, worker: str, host: str, pid: int) -> None:
-        self.r.hset(self.key("started"), job, codec.pack({"worker": worker, "host": host, "pid": pid,
-                                                         "t": time.time()}))
 
     def started(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -377,7 +368,7 @@ class Store:
 
     def dist_blobs(self, version: int, client: redis.Redis | None = None) -> tuple[bytes, bytes] | None:
         """The raw μ and var blobs of dist:{version} (immutable once written), None if absent."""
-        mu, var = (client or self.r).hmget(self.key(f"dist:{version}"), ["mu", "var"])
+        mu, var = (client or self.r).hmget(self.key(dist_name(version)), ["mu", "var"])
         return None if mu is None or var is None else (mu, var)
 
     def config_blob(self, client: redis.Redis | None = None) -> bytes | None:
@@ -389,23 +380,13 @@ class Store:
         return None if version is None or blob is None else (int(_text(version)), blob)
 
     # -- replay ---------------------------------------------------------------------------------
-    def _episode_args(self, transitions: dict[str, np.ndarray], job: str) -> tuple[int, list[Any]]:
-        n = int(transitions["rew"].shape[0])
-        fields: list[Any] = ["len", n, "job", job]
-        for name in EPISODE_FIELDS:
-            arr = np.ascontiguousarray(transitions[name], dtype="<f4")
-            if not np.all(np.isfinite(arr)):
-                raise ValueError(f"episode field {name} holds non-finite values; not stored")
-            fields += [name, arr.tobytes()]
-        return n, fields
-
     def finish_job(self, transitions: dict[str, np.ndarray], job: str, result: dict[str, Any],
                    extra_interactions: int = 0) -> str:
         """Store the job's episode and append its result (with steps/interactions after it), atomically.
 
         Returns the result's entry id. Equivalent to append_episode + append_result in one round trip."""
         cfg = self.config()
-        n, ep = self._episode_args(transitions, job)
+        n, ep = _episode_args(transitions, job)
         res: list[Any] = []
         for k, v in result.items():
             if k in ("steps", "interactions"):
@@ -423,7 +404,7 @@ class Store:
 
         Returns the entry id, or None when queued on `pipe` (its reply carries the id)."""
         cfg = self.config()
-        n, fields = self._episode_args(transitions, job)
+        n, fields = _episode_args(transitions, job)
         entry = self._store_episode(
             keys=[self.key("replay"), self.key("state"), self.key("replay:index")],
             args=[cfg.replay_capacity, n, extra_interactions, *fields], client=pipe,
@@ -444,14 +425,17 @@ class Store:
             out[name] = arr.reshape(n, sizes[name]) if sizes[name] > 1 or name in ("obs", "next_obs", "act") else arr
         return out
 
-    def read_replay(self, after: str = "0-0", count: int = 200, block_ms: int | None = None,
+    def read_stream(self, name: str, after: str = "0-0", count: int = 100, block_ms: int | None = None,
                     client: redis.Redis | None = None) -> list[tuple[str, dict]]:
-        """Entries after `after` (raw fields); blocks up to block_ms when given and nothing is new."""
+        """Up to `count` entries of the `replay` or `results` stream after `after` (raw fields; decode
+        them with decode_episode or decode_result); blocks up to block_ms when given and nothing is new."""
+        if name not in (REPLAY, RESULTS):
+            raise ValueError(f"read_stream reads replay or results, not {name!r}")
         c = client or self.r
         if block_ms is None:
-            rows = c.xrange(self.key("replay"), min=f"({after}" if after != "0-0" else "-", count=count)
+            rows = c.xrange(self.key(name), min=f"({after}" if after != "0-0" else "-", count=count)
             return [(_text(i), f) for i, f in rows]
-        resp = c.xread({self.key("replay"): after}, count=count, block=block_ms)
+        resp = c.xread({self.key(name): after}, count=count, block=block_ms)
         return [(_text(i), f) for _, entries in resp for i, f in entries] if resp else []
 
     # -- results --------------------------------------------------------------------------------
@@ -462,15 +446,6 @@ class Store:
         if extra_interactions:
             pipe.hincrby(self.key("state"), "interactions", extra_interactions)
         return _text(pipe.execute()[0])
-
-    def read_results(self, after: str, count: int = 100, block_ms: int | None = None,
-                     client: redis.Redis | None = None) -> list[tuple[str, dict]]:
-        c = client or self.r
-        if block_ms is None:
-            rows = c.xrange(self.key("results"), min=f"({after}" if after != "0-0" else "-", count=count)
-            return [(_text(i), f) for i, f in rows]
-        resp = c.xread({self.key("results"): after}, count=count, block=block_ms)
-        return [(_text(i), f) for _, entries in resp for i, f in entries] if resp else []
 
     # -- individuals ------------------------------------------------------------------------------
     def put_individual(self, job: str, params: np.ndarray, ttl: int) -> str:
@@ -500,30 +475,20 @@ class Store:
             codec.check_array(v, what=f"critic weight {k}")
         return int(_text(version)), weights
 
-    def save_critic_ckpt(self, payload: dict[str, Any]) -> None:
-        self.r.set(self.key("critic:ckpt"), codec.pack(payload))
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self, part: str, payload: dict[str, Any], pipe=None) -> None:
+        """Plain-data state of `part` (CHECKPOINTS): the optimizer's (without μ/var, which live in
+        dist:{version}), the critic daemon's, or the TD3 baseline's networks, optimizers and counters
+        (its replay is the `replay` stream)."""
+        (pipe or self.r).set(self.key(CHECKPOINTS[part][0]), codec.pack(payload))
 
-    def load_critic_ckpt(self) -> dict[str, Any] | None:
-        blob = self.r.get(self.key("critic:ckpt"))
-        return None if blob is None else codec.unpack(blob, what="critic checkpoint")
+    def load_checkpoint(self, part: str) -> dict[str, Any] | None:
+        """What save_checkpoint(part) stored, None before the first; CodecError if malformed."""
+        name, what = CHECKPOINTS[part]
+        blob = self.r.get(self.key(name))
+        return None if blob is None else codec.unpack(blob, what=what)
 
-    def save_td3_ckpt(self, payload: dict[str, Any], pipe=None) -> None:
-        """The TD3 baseline's networks, optimizers and counters (its replay is the `replay` stream)."""
-        (pipe or self.r).set(self.key("td3:ckpt"), codec.pack(payload))
-
-    def load_td3_ckpt(self) -> dict[str, Any] | None:
-        blob = self.r.get(self.key("td3:ckpt"))
-        return None if blob is None else codec.unpack(blob, what="td3 checkpoint")
-
-    # -- the optimizer's state and what the scheduler keeps beside it ------------------------------
-    def save_optimizer(self, state: dict[str, Any], pipe=None) -> None:
-        """The optimizer's plain-data state (without μ/var, which live in dist:{version})."""
-        (pipe or self.r).set(self.key("optimizer"), codec.pack(state))
-
-    def load_optimizer(self) -> dict[str, Any] | None:
-        blob = self.r.get(self.key("optimizer"))
-        return None if blob is None else codec.unpack(blob, what="optimizer state")
-
+    # -- what the scheduler keeps beside the optimizer ------------------------------------------
     def dist_versions(self) -> list[int]:
         """Every dist:{version} still in Redis."""
         out = []
@@ -533,9 +498,19 @@ class Store:
                 out.append(int(tail))
         return out
 
-    def delete_dists(self, versions: list[int], pipe=None) -> None:
-        if versions:
-            (pipe or self.r).delete(*(self.key(f"dist:{v}") for v in versions))
+    def drop_dists(self, versions: list[int], ttl: int = 0, pipe=None) -> None:
+        """Delete superseded versions now (ttl 0), or give them `ttl` seconds (a job that just read one
+        still finishes)."""
+        if not versions:
+            return
+        if not ttl:
+            (pipe or self.r).delete(*(self.key(dist_name(v)) for v in versions))
+            return
+        p = pipe if pipe is not None else self.r.pipeline(transaction=False)
+        for v in versions:
+            p.expire(self.key(dist_name(v)), ttl)
+        if pipe is None:
+            p.execute()
 
     def read_refs(self, pipe) -> None:
         """Queue an HVALS of `refs` (the version each started job uses) on `pipe`."""
@@ -549,26 +524,6 @@ class Store:
         fields = {k: v for k, v in best.items() if k != "params"}
         (pipe or self.r).hset(self.key("best"), mapping={"params": codec.encode_array(best["params"]),
                                                           **{k: _fmt(v) for k, v in fields.items()}})
-
-    # -- raw reads for the overhead benchmark (sizes of what travels and what is kept) ----------
-    def dist_sizes(self, version: int) -> tuple[int, int]:
-        """Bytes of the encoded μ and var of `version` as stored."""
-        key = self.key(f"dist:{version}")
-        return int(self.r.hstrlen(key, "mu")), int(self.r.hstrlen(key, "var"))
-
-    def last_entry(self, stream: str) -> dict[bytes, bytes]:
-        """The newest entry of the run's `history`, `results` or `replay` stream (raw fields)."""
-        if stream not in ("history", "results", "replay"):
-            raise ValueError(f"no stream {stream!r}")
-        return self.r.xrevrange(self.key(stream), count=1)[0][1]
-
-    def result_entry(self, entry_id: str) -> dict[bytes, bytes]:
-        """One results-stream entry by id (raw fields)."""
-        return self.r.xrange(self.key("results"), min=entry_id, max=entry_id)[0][1]
-
-    def set_ref(self, job: str, version: int) -> None:
-        """Record that `job` uses `version`, as the worker's start-job script does."""
-        self.r.hset(self.key("refs"), job, version)
 
     def read_best(self) -> dict[str, Any] | None:
         """The best individual the scheduler kept (`best` hash: params decoded, fitness, version,
@@ -592,36 +547,24 @@ class Store:
     def inflight_count(self) -> int:
         return int(self.r.hlen(self.key("inflight")))
 
-    def clear_state_fields(self, *names: str) -> None:
-        if names:
-            self.r.hdel(self.key("state"), *names)
-
-    def best_fitness(self) -> float:
-        value = self.r.hget(self.key("best"), "fitness")
-        return float(_text(value)) if value is not None else -math.inf
-
     def counters(self, names: tuple[str, ...]) -> dict[str, int]:
         """Integer state fields in one read (absent fields are 0)."""
         return {n: int(_text(v)) if v is not None else 0
                 for n, v in zip(names, self.r.hmget(self.key("state"), list(names)), strict=True)}
 
     # -- history and runs -------------------------------------------------------------------------
-    def history(self, count: int | None = None, after: str = "-") -> list[tuple[str, dict[str, Any]]]:
-        rows = self.r.xrange(self.key("history"), min=after, count=count)
+    def history(self, count: int | None = None, after: str = "-",
+                newest: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """(id, entry) of the history from `after` on, oldest first; with `newest` the last `count`
+        entries instead (still oldest first). Malformed entries are skipped."""
+        if newest:
+            rows = self.r.xrevrange(self.key("history"), count=count)[::-1]
+        else:
+            rows = self.r.xrange(self.key("history"), min=after, count=count)
         out = []
         for i, f in rows:
             try:
                 out.append((_text(i), codec.unpack(f[b"d"], what="history entry")))
-            except (CodecError, KeyError):
-                continue
-        return out
-
-    def recent_history(self, count: int = 50) -> list[dict[str, Any]]:
-        rows = self.r.xrevrange(self.key("history"), count=count)
-        out = []
-        for _i, f in reversed(rows):
-            try:
-                out.append(codec.unpack(f[b"d"], what="history entry"))
             except (CodecError, KeyError):
                 continue
         return out
@@ -632,6 +575,24 @@ class Store:
         n = self.r.delete(*keys) if keys else 0
         self.r.zrem(RUNS_KEY, self.run_id)
         return n
+
+
+def decode_dist(version: int, mu: bytes, var: bytes, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """μ and var of `dim` values each from the raw blobs of dist:{version} (as a job's start script
+    returns them)."""
+    return (codec.decode_array(mu, size=dim, what=f"dist:{version} mu"),
+            codec.decode_array(var, size=dim, what=f"dist:{version} var"))
+
+
+def _episode_args(transitions: dict[str, np.ndarray], job: str) -> tuple[int, list[Any]]:
+    n = int(transitions["rew"].shape[0])
+    fields: list[Any] = ["len", n, "job", job]
+    for name in EPISODE_FIELDS:
+        arr = np.ascontiguousarray(transitions[name], dtype="<f4")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"episode field {name} holds non-finite values; not stored")
+        fields += [name, arr.tobytes()]
+    return n, fields
 
 
 def rq_job_key(job: str) -> str:
@@ -662,6 +623,35 @@ def rq_failure_text(client: redis.Redis, job: str) -> str:
 
 def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
     return [(_text(k), float(s)) for k, s in client.zrange(RUNS_KEY, 0, -1, withscores=True)]
+
+
+def worker_beat(client: redis.Redis, name: str, fields: dict[str, Any]) -> None:
+    """One heartbeat: replace the worker's hash with `fields`, give it WORKER_TTL, list its name."""
+    key = WORKER_KEY.format(name=name)
+    pipe = client.pipeline()
+    pipe.delete(key)
+    pipe.hset(key, mapping=fields)
+    pipe.expire(key, WORKER_TTL)
+    pipe.sadd(WORKERS_KEY, name)
+    pipe.execute()
+
+
+def worker_gone(client: redis.Redis, name: str) -> None:
+    """A worker that stops on its own removes its heartbeat at once instead of letting it expire."""
+    client.delete(WORKER_KEY.format(name=name))
+    client.srem(WORKERS_KEY, name)
+
+
+def worker_ages(client: redis.Redis, names: list[str]) -> list[float | None]:
+    """Seconds since each worker's last heartbeat, from its key's TTL (Redis's clock, not the worker's);
+    None where the key is gone or has no TTL."""
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        pipe.pttl(WORKER_KEY.format(name=n))
+    return [max(0.0, WORKER_TTL - ttl / 1000.0) if isinstance(ttl, int) and ttl >= 0 else None
+            for ttl in pipe.execute()]
 
 
 def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:

@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import redis  # noqa: E402
 from overhead import Children  # noqa: E402
 
+from aesrl_queue.codec import json_default  # noqa: E402
 from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
@@ -93,7 +94,7 @@ def run_one(client: redis.Redis, blocking: redis.Redis, cfg: RunConfig, n_worker
     if "error" in box:
         raise RuntimeError(f"{cfg.algo} failed: {box['error']!r}") from box["error"]
     store = Store(client, cfg.run_id)
-    rows = store.read_results("0-0", count=1_000_000)
+    rows = store.read_stream("results", count=1_000_000)
     results = []
     for entry_id, fields in rows:
         res = decode_result(entry_id, fields)
@@ -224,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             out["checks"][f"{case}_async_over_sync_8"] = by[("aesrl", 8)]["async_over_sync"]
             out["checks"][f"{case}_reduction_vs_serial_8"] = by[("aesrl", 8)]["reduction_vs_serial"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1, default=float))
+    args.out.write_text(json.dumps(out, indent=1, default=json_default))
     if out.get("checks"):
-        print("- checks against the targets:", json.dumps(out["checks"], default=float))
+        print("- checks against the targets:", json.dumps(out["checks"], default=json_default))
     print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")
     return 0
 

@@ -72,7 +72,8 @@ def _scheduler_main(url: str, cfg_dict: dict[str, Any], log_path: str) -> None:
 
     import torch
 
-    from scheduler.loop import install_signal_handlers, make_scheduler
+    from aesrl_queue.procs import install_signal_handlers
+    from scheduler.loop import make_scheduler
 
     torch.set_num_threads(1)
     _child_logging(Path(log_path))
@@ -89,7 +90,7 @@ def _critic_main(url: str, run_id: str, log_path: str) -> None:
 
     import torch
 
-    from scheduler.loop import install_signal_handlers
+    from aesrl_queue.procs import install_signal_handlers
     from workers.critic import CriticDaemon
 
     torch.set_num_threads(1)

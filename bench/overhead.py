@@ -38,11 +38,13 @@ from rq import Queue  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 from rq.utils import str_to_date  # noqa: E402
 
+from aesrl_queue.codec import json_default  # noqa: E402
 from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.procs import ProcessGroup  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
 from aesrl_queue.store import live_workers, rq_job_key, rq_results_key  # noqa: E402
+from bench import rawkeys  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "overhead.json"
 NOOP = "workers.jobs.noop"
@@ -419,7 +421,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
         version = sched.version
         [job] = sched.dispatch.enqueue([{"kind": "es", "version": version, "seed": seed, "n": n}],
                                        incr={"dispatched": 1})
-        store.set_ref(job, version)  # what the worker's start-job script records
+        rawkeys.set_ref(store, job, version)  # what the worker's start-job script records
         # Fitness near f(μ): with r = 2000, p ≈ 0.5 so every apply moves μ (the expensive path).
         store.append_result(es_result_fields(cfg, job, version, seed, float(1000 + 50 * rng.standard_normal()),
                                              1000.0, 1000, steps=1000 * n), extra_interactions=1000)
@@ -477,9 +479,9 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     perturb_numpy_ms = (time.perf_counter() - t) / reps * 1e3
 
     # Bytes: the dist:{v} blobs a job downloads, an ES job hash and result entry, an RL job and ind:{job}.
-    mu_len, var_len = store.dist_sizes(sched.version)
-    hist_entry = store.last_entry("history")
-    es_entry = store.last_entry("results")
+    mu_len, var_len = rawkeys.dist_sizes(store, sched.version)
+    hist_entry = rawkeys.last_entry(store, "history")
+    es_entry = rawkeys.last_entry(store, "results")
     counter[0] += 1
     rl_job = sched.dispatch.enqueue([{"kind": "rl", "version": sched.version, "seed": job_seed(cfg.seed, counter[0]),
                                       "n": counter[0], "rl_steps": 10_000}])[0]
@@ -488,12 +490,12 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     rl_fields = dict(es_result_fields(cfg, rl_job, sched.version, 1, 1000.0, 1000.0, 1000), kind="rl",
                      rl_steps=10_000, ind=ind_key, train_time=12.345678901234567)
     rl_entry_id = store.append_result(rl_fields)
-    rl_entry = store.result_entry(rl_entry_id)
+    rl_entry = rawkeys.result_entry(store, rl_entry_id)
     episode = {"obs": rng.standard_normal((1000, cfg.obs_dim)), "act": rng.uniform(-1, 1, (1000, cfg.act_dim)),
                "rew": rng.standard_normal(1000), "next_obs": rng.standard_normal((1000, cfg.obs_dim)),
                "done": np.zeros(1000)}
     store.append_episode(episode, rl_job)
-    replay_entry = store.last_entry("replay")
+    replay_entry = rawkeys.last_entry(store, "replay")
     queued_es = f"{cfg.run_id}-j{counter[0] - 1}"  # last ES job: its result was applied, its RQ job still queued
     out = {
         "label": label, "hidden": list(hidden), "dim": dim, "n": n_apply, "moved": moved,
@@ -789,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in result["notes"]:
         print(f"- {n}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)))
+    args.out.write_text(json.dumps(result, indent=1, default=json_default))
     print(f"\nwrote {args.out} ({result['elapsed_s']:.0f} s)")
     return 0
 

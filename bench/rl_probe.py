@@ -69,7 +69,7 @@ def load(folder: Path, run: str):
         if got is None:
             sys.exit(f"run {run} has no critic: nothing to probe")
         obs, last = [], "0-0"
-        while rows := store.read_replay(last, count=500):
+        while rows := store.read_stream("replay", last, count=500):
             for entry_id, fields in rows:
                 last = entry_id
                 obs.append(store.decode_episode(entry_id, fields, obs_only=True)["obs"])

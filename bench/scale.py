@@ -139,9 +139,9 @@ def _rl_reads(ctx) -> None:
         ctx.critic_version = version
     while True:
         if reader is None:
-            rows = store.read_replay(ctx.mirror_last, count=500)
+            rows = store.read_stream("replay", ctx.mirror_last, count=500)
         else:
-            rows = reader.read(lambda c: store.read_replay(ctx.mirror_last, count=500, client=c))
+            rows = reader.read(lambda c: store.read_stream("replay", ctx.mirror_last, count=500, client=c))
         if not rows:
             return
         ctx.mirror_last = rows[-1][0]
@@ -305,7 +305,7 @@ class Point:
             raise RuntimeError(f"the scheduler exited during the window:\n{self.kids.log_tail('scheduler')}")
         dt = b["t"] - a["t"]
         applied = b["applied"] - a["applied"]
-        hist = store.recent_history(count=max(1, applied))
+        hist = [h for _, h in store.history(count=max(1, applied), newest=True)]
         durations = sorted(float(h.get("duration", 0.0)) for h in hist)
         net = {k: (b["net"][k] - a["net"][k]) for k in a["net"]}
         rate = applied / dt

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from aesrl_queue.codec import json_default
+
 FORMAT = "aesrl-queue-policy"
 FORMAT_VERSION = 1
 NET_FIELDS = ("obs_dim", "act_dim", "max_action", "hidden", "activation")
@@ -59,7 +61,7 @@ def _load_redis(client, run_id: str, which: str) -> dict[str, Any]:
     if not store.exists():
         raise ExportError(f"run {run_id!r} is neither a run folder nor a run on this Redis (`aesrl-queue runs` lists them)")
     cfg = store.config()
-    config = json.loads(json.dumps(cfg.to_dict(), default=str))
+    config = json.loads(json.dumps(cfg.to_dict(), default=json_default))
     if which == "best":
         best = store.read_best()
         if best is None:

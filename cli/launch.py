@@ -20,6 +20,7 @@ from typing import Any
 import click
 import numpy as np
 
+from aesrl_queue.codec import json_default
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect, redact
 from aesrl_queue.procs import ProcessGroup, worker_command
@@ -39,16 +40,6 @@ class Terminated(BaseException):
     A BaseException, like KeyboardInterrupt: raised from the handler inside whatever call is
     running, it must not be swallowed by a library's `except Exception` (a SIGTERM that arrived
     inside a redis-py call was once lost that way, and the run went on)."""
-
-
-def _json_safe(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
 
 
 class Children(ProcessGroup):
@@ -283,7 +274,7 @@ def write_policy(run_dir: Path, store: Store) -> Path:
     path = run_dir / "policy.npz"
     tmp = run_dir / ".policy.npz.tmp"
     with open(tmp, "wb") as fh:
-        np.savez(fh, config=json.dumps(cfg.to_dict(), default=_json_safe), **arrays)
+        np.savez(fh, config=json.dumps(cfg.to_dict(), default=json_default), **arrays)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -297,10 +288,10 @@ def write_run_folder(run_dir: Path, store: Store) -> dict:
     """
     cfg = store.config()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=_json_safe))
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=json_default))
     write_policy(run_dir, store)
     summary = summary_numbers(store.r, cfg.run_id)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_safe))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
     return summary
 
 
@@ -400,9 +391,9 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
                 echo(f"resume: {note}", err=True)
             if cfg.total_steps != store.config().total_steps:
                 store.replace_config(cfg)
-            store.clear_state_fields("finished_at")
+            store.set_state(finished_at=None)
             if store.status() in ("finished", "stopped", "failed"):
-                store.set_status("created")  # until its scheduler runs again
+                store.set_state(status="created", updated_at=time.time())  # until its scheduler runs again
             echo(f"resuming run {cfg.run_id} at {store.state()['steps']:,} of {cfg.total_steps:,} steps", err=True)
         else:
             store = Store(client, cfg.run_id)
@@ -411,7 +402,7 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
                               "--resume it or --force a new start")
         started = True
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=_json_safe))
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=json_default))
         tb_dir = Path(tensorboard_dir) / cfg.run_id if tensorboard_dir else None
         metrics = MetricsWriter(client, cfg.run_id, run_dir / "metrics.jsonl", tensorboard_dir=tb_dir,
                                 wandb_project=wandb_project)

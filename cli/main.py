@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from aesrl_queue.codec import CodecError
+from aesrl_queue.codec import CodecError, json_default
 from aesrl_queue.config import (
     ALGOS,
     MEAN_RULES,
@@ -176,9 +176,10 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
 
     An existing run id is never started over silently: --run/--resume continue it, --force deletes it.
     """
+    from aesrl_queue.procs import install_signal_handlers
     from aesrl_queue.store import Store
     from aesrl_queue.td3 import pick_device
-    from scheduler.loop import install_signal_handlers, make_scheduler
+    from scheduler.loop import make_scheduler
 
     if run and force:
         fail("force: --run resumes a run, --force deletes one; pass one of them")
@@ -310,8 +311,8 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
     """Train the TD3 critic of a run continuously and republish its weights."""
     import torch
 
+    from aesrl_queue.procs import install_signal_handlers
     from aesrl_queue.store import Store, list_runs
-    from scheduler.loop import install_signal_handlers
     from workers.critic import CriticDaemon
 
     torch.set_num_threads(int(os.environ.get("AESRL_TORCH_THREADS", "1")))
@@ -413,13 +414,7 @@ def status(redis_url, run, watch, until_done, interval, as_json) -> None:
     s = safe_gather(client, run)
     if isinstance(s, str):
         fail(f"run: {s}")
-    click.echo(json.dumps(s, default=_json_default) if as_json else render(s))
-
-
-def _json_default(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return str(x)
+    click.echo(json.dumps(s, default=json_default) if as_json else render(s))
 
 
 @cli.command()
@@ -614,7 +609,7 @@ def evaluate(policy, episodes, seed, video_dir, as_json) -> None:
     except ExportError as exc:
         fail(str(exc))
     if as_json:
-        click.echo(json.dumps(res, default=_json_default))
+        click.echo(json.dumps(res, default=json_default))
         sys.exit(1 if "video_error" in res else 0)
     click.echo(f"{res['env_id']} ({res['which']}): return {res['mean']:.1f} ± {res['std']:.1f} "
                f"over {episodes} episodes (min {min(res['returns']):.1f}, max {max(res['returns']):.1f})")

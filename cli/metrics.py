@@ -148,7 +148,7 @@ class MetricsWriter:
         return written
 
     def _read_results(self, max_entries: int) -> None:
-        for entry_id, fields in self.store.read_results(self.results_after, count=max_entries):
+        for entry_id, fields in self.store.read_stream("results", self.results_after, count=max_entries):
             self.results_after = entry_id
             try:
                 res = decode_result(entry_id, fields)

@@ -10,7 +10,7 @@ import numpy as np
 import redis
 
 from aesrl_queue.codec import CodecError
-from aesrl_queue.store import WORKER_KEY, WORKER_TTL, Store, live_workers
+from aesrl_queue.store import Store, live_workers, worker_ages
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
 
@@ -39,7 +39,7 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
     store = Store(client, run_id)
     cfg = store.config()
     st = store.state()
-    hist = store.recent_history(window)
+    hist = [h for _, h in store.history(count=window, newest=True)]
     now = redis_now(client)
     out: dict[str, Any] = {
         "run": run_id, "env": cfg.env_id, "algo": cfg.algo, "status": st.get("status", "?"),
@@ -86,16 +86,10 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
                    rl_share_recent=0.0)
     out["initial_steps"] = cfg.initial_steps
     workers = live_workers(client)
-    # Age of the last heartbeat from the key's TTL (Redis's clock), not from the worker's clock.
     names = sorted(workers)
-    pipe = client.pipeline(transaction=False)
-    for n in names:
-        pipe.pttl(WORKER_KEY.format(name=n))
-    ttls = pipe.execute() if names else []
     out["workers"] = []
-    for n, ttl in zip(names, ttls, strict=True):
+    for n, seen in zip(names, worker_ages(client, names), strict=True):
         w = workers[n]
-        seen = max(0.0, WORKER_TTL - ttl / 1000.0) if isinstance(ttl, int) and ttl >= 0 else None
         out["workers"].append(
             {"name": n, "host": w.get("host", ""), "pid": w.get("pid", ""), "kind": w.get("kind", ""),
              "job": w.get("job", ""), "run": w.get("run", ""), "jobs_done": int(w.get("jobs_done", 0) or 0),

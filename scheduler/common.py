@@ -193,7 +193,8 @@ class Dispatcher:
     def read(self, after: str, block_ms: int, blocking_client: redis.Redis) -> list[tuple[str, Result | None, str]]:
         """(entry id, decoded result or None, error) for entries after `after`."""
         out = []
-        for entry_id, fields in self.store.read_results(after, count=200, block_ms=block_ms, client=blocking_client):
+        for entry_id, fields in self.store.read_stream("results", after, count=200, block_ms=block_ms,
+                                                         client=blocking_client):
             try:
                 res = decode_result(entry_id, fields)
                 out.append((entry_id, res, ""))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import signal
 import threading
 import time
 from typing import Any
@@ -41,8 +40,7 @@ from scheduler.common import Dispatcher, DistCache
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "AsyncScheduler", "Scheduler", "install_signal_handlers", "make_scheduler",
-           "uses_rl"]
+__all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "Scheduler", "make_scheduler", "uses_rl"]
 
 COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state fields others write
 
@@ -75,7 +73,7 @@ class Scheduler:
             self.cfg = cfg = store.config()
         if cfg.algo not in QUEUE_ALGOS:
             raise ValueError(f"algo {cfg.algo!r} does not run on the queue; use make_scheduler")
-        saved = store.load_optimizer()
+        saved = store.load_checkpoint("optimizer")
         if saved is None:
             mu0 = init_actor_params(cfg.obs_dim, cfg.act_dim, cfg.max_action, tuple(cfg.hidden), cfg.activation,
                                     seed=cfg.seed)
@@ -83,7 +81,7 @@ class Scheduler:
             now = time.time()
             pipe = self.r.pipeline()
             store.publish_dist(self.opt.version, self.opt.mean, self.opt.var, pipe=pipe)
-            store.save_optimizer(self.opt.state(), pipe=pipe)
+            store.save_checkpoint("optimizer", self.opt.state(), pipe=pipe)
             store.set_state(pipe=pipe, **{"f_mu_version": -1, **self.opt.fields()}, last_result_id="0-0",
                             started_at=now, status="running", updated_at=now)
             pipe.execute()
@@ -119,7 +117,7 @@ class Scheduler:
         # Superseded versions left in Redis by an earlier incarnation are deleted once unreferenced.
         self.kept = {v for v in store.dist_versions() if v != self.opt.version}
         self.to_delete: list[int] = []
-        store.set_status("running")
+        store.set_state(status="running", updated_at=time.time())
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> str:
@@ -147,13 +145,13 @@ class Scheduler:
         while True:
             if self.stop_event.is_set():
                 self.dispatch.noise_ahead.close()
-                self.store.set_status("stopped")
+                self.store.set_state(status="stopped", updated_at=time.time())
                 log.info("run %s: stopped on request; in-flight jobs stay registered for a restart", cfg.run_id)
                 return "stopped"
             steps = self._counters()["steps"]
             if draining_since is None and self.opt.done(steps):
                 draining_since = time.monotonic()
-                self.store.set_status("draining")
+                self.store.set_state(status="draining", updated_at=time.time())
                 log.info("run %s: budget of %d steps reached; draining %d jobs", cfg.run_id, cfg.total_steps,
                          len(self.dispatch.inflight))
             if draining_since is not None and (not self.dispatch.inflight or time.monotonic() - draining_since
@@ -186,7 +184,7 @@ class Scheduler:
         if not (batch or forget or specs or self.to_delete or not _same(fields, self.written)):
             return
         pipe = self.r_once.pipeline()
-        store.delete_dists(self.to_delete, pipe=pipe)
+        store.drop_dists(self.to_delete, pipe=pipe)
         self.to_delete = []
         for update in updates:
             if update is not None:
@@ -197,7 +195,7 @@ class Scheduler:
             store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe)
             refs_at = len(pipe)
             store.read_refs(pipe)
-        store.save_optimizer(opt.state(), pipe=pipe)
+        store.save_checkpoint("optimizer", opt.state(), pipe=pipe)
         store.forget_jobs(forget, pipe=pipe)
         self.dispatch.enqueue(specs, pipe=pipe)
         for name, amount in incr.items():
@@ -320,16 +318,13 @@ class Scheduler:
     def _finish(self) -> str:
         left = list(self.dispatch.inflight)
         self.dispatch.forget(left)
-        self.store.delete_dists(self.to_delete)
+        self.store.drop_dists(self.to_delete)
         self.to_delete = []
         self.dispatch.noise_ahead.close()
         self.store.set_state(status="finished", finished_at=time.time(), updated_at=time.time())
         log.info("run %s: finished at version %d (%d jobs abandoned at the end)", self.cfg.run_id, self.opt.version,
                  len(left))
         return "finished"
-
-
-AsyncScheduler = Scheduler  # the name cli/ and bench/ used before every algorithm shared this loop
 
 
 def make_scheduler(client: redis.Redis, blocking_client: redis.Redis, cfg: RunConfig,
@@ -349,14 +344,3 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return False
     return all(x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
                for x, y in ((a[k], b[k]) for k in a))
-
-
-def install_signal_handlers(stop_event: threading.Event) -> None:
-    """SIGINT/SIGTERM set the stop event (a second one raises KeyboardInterrupt)."""
-    def handler(signum, frame):
-        if stop_event.is_set():
-            raise KeyboardInterrupt
-        stop_event.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)

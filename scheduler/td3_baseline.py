@@ -68,7 +68,7 @@ class TD3Baseline:
         self.f_mu = state.get("f_mu", math.nan) if self.version > 0 else math.nan
         self.best = state.get("best_fitness", -math.inf)
         self.next_eval = cfg.td3_start_steps
-        if created or (self.total == 0 and not store.has_dist(0)):
+        if created or (self.total == 0 and store.dist_blobs(0) is None):
             mu = get_flat(self.agent.actor)
             pipe = self.r.pipeline()
             # dist:0 holds the initial actor so the run folder and `status` find a "μ"; var is unused.
@@ -78,7 +78,7 @@ class TD3Baseline:
                             updated_at=time.time())
             pipe.execute()
             return
-        ckpt = store.load_td3_ckpt()
+        ckpt = store.load_checkpoint("td3")
         if ckpt is not None:
             for name in ("actor", "actor_target", "critic", "critic_target"):
                 set_flat(getattr(self.agent, name), codec.check_array(ckpt[name], what=f"td3 checkpoint {name}"))
@@ -99,7 +99,7 @@ class TD3Baseline:
     def _replay_entries(self):
         after = "0-0"
         while True:
-            rows = self.store.read_replay(after, count=500)
+            rows = self.store.read_stream("replay", after, count=500)
             if not rows:
                 return
             yield from rows
@@ -107,7 +107,7 @@ class TD3Baseline:
 
     def checkpoint(self, pipe=None) -> None:
         agent = self.agent
-        self.store.save_td3_ckpt({
+        self.store.save_checkpoint("td3", {
             "actor": get_flat(agent.actor), "actor_target": get_flat(agent.actor_target),
             "critic": get_flat(agent.critic), "critic_target": get_flat(agent.critic_target),
             "actor_opt": to_numpy(agent.actor_opt.state_dict()), "critic_opt": to_numpy(agent.critic_opt.state_dict()),
@@ -208,7 +208,7 @@ class TD3Baseline:
             # The evaluated actor is this run's "μ" version, so the run folder's policy.npz finds it.
             mu = self.agent.actor_params()
             store.publish_dist(version, mu, np.full_like(mu, cfg.var_init), pipe=pipe)
-            store.expire_dists([version - 1], ttl=60, pipe=pipe)
+            store.drop_dists([version - 1], ttl=60, pipe=pipe)
         fields = {"td3_updates": self.updates, "best_fitness": self.best, "updated_at": time.time(),
                   "version": version, "results_applied": episode}
         if math.isfinite(self.f_mu):

@@ -49,7 +49,7 @@ def mid_run(client, store: Store, name: str, after: int) -> bool:
         return False
     if name not in SYNC:
         return True
-    gen = (store.load_optimizer() or {}).get("gen")
+    gen = (store.load_checkpoint("optimizer") or {}).get("gen")
     done = sum(m["done"] for m in gen["members"]) if gen else 0
     return bool(gen) and 0 < done < len(gen["members"])
 

@@ -16,11 +16,15 @@ from aesrl_queue.store import (
     RUNS_KEY,
     STATE_INTS,
     WORKER_KEY,
+    WORKER_TTL,
     WORKERS_KEY,
     Store,
     decode_result,
     list_runs,
     live_workers,
+    worker_ages,
+    worker_beat,
+    worker_gone,
 )
 
 
@@ -33,6 +37,11 @@ def store(client) -> Store:
     s = Store(client, "r1")
     assert s.write_config(make_cfg("r1", replay_capacity=500))
     return s
+
+
+def mark_started(store: Store, job: str, worker: str, host: str, pid: int) -> None:
+    """The `started` entry a worker's start-job script writes, without the script's other effects."""
+    store.r.hset(store.key("started"), job, codec.pack({"worker": worker, "host": host, "pid": pid, "t": time.time()}))
 
 
 def episode(n: int, cfg: RunConfig, start: float = 0.0) -> dict[str, np.ndarray]:
@@ -86,10 +95,12 @@ def test_state_types(store: Store) -> None:
     assert st["started_at"] == 1.5 and st["note"] == "hi" and st["n_rl"] == 1 and st["steps"] == 42
     assert store.current_version() == 3 and store.state_field("steps") == 42
     assert store.state_field("missing", default=-1) == -1
-    store.set_status("running")
+    store.set_state(status="running", updated_at=time.time())
     assert store.status() == "running" and isinstance(store.state()["updated_at"], float)
     with pytest.raises(ValueError, match="status 'paused'"):
-        store.set_status("paused")
+        store.set_state(status="paused")
+    store.set_state(note=None, finished_at=None)  # None removes a field (and an absent one is fine)
+    assert "note" not in store.state() and store.state()["status"] == "running"
     # A field that should be a number but is not is left out, not raised.
     store.r.hset(store.key("state"), "f_mu", "garbage")
     assert "f_mu" not in store.state()
@@ -106,8 +117,10 @@ def test_publish_and_read_dist_round_trip(store: Store) -> None:
     np.testing.assert_allclose(got_mu, mu, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(got_var, var, rtol=1e-6)
     got_mu[0] = 5.0  # writable
-    store.expire_dists([4], ttl=30)
+    store.drop_dists([4], ttl=30)
     assert 0 < store.r.ttl(store.key("dist:4")) <= 30
+    store.drop_dists([4])
+    assert not store.r.exists(store.key("dist:4"))
 
 
 def test_read_dist_of_a_missing_version_names_it(store: Store) -> None:
@@ -156,7 +169,7 @@ def test_append_episode_counts_exactly_and_trims_whole_episodes(store: Store) ->
     st = store.state()
     assert st["replay_held"] == 400 and st["steps"] == 1000
     # The two newest episodes are the ones kept, whole.
-    rows = store.read_replay()
+    rows = store.read_stream("replay")
     assert [i for i, _ in rows] == ids[3:]
     ep = store.decode_episode(*rows[0])
     assert ep["obs"].shape == (200, cfg.obs_dim) and ep["obs"][0, 0] == 3000.0
@@ -181,7 +194,7 @@ def test_decode_episode_round_trip_and_read_after(store: Store) -> None:
     tr = episode(6, cfg, start=2.0)
     first = store.append_episode(tr, job="j1")
     second = store.append_episode(episode(4, cfg), job="j2")
-    rows = store.read_replay()
+    rows = store.read_stream("replay")
     assert [i for i, _ in rows] == [first, second]
     ep = store.decode_episode(*rows[0])
     for name in ("obs", "act", "next_obs"):
@@ -190,11 +203,11 @@ def test_decode_episode_round_trip_and_read_after(store: Store) -> None:
     np.testing.assert_array_equal(ep["rew"], tr["rew"])
     assert ep["done"][-1] == 1.0 and ep["done"][:-1].sum() == 0
     assert set(store.decode_episode(*rows[0], obs_only=True)) == {"obs"}
-    assert [i for i, _ in store.read_replay(after=first)] == [second]
-    assert store.read_replay(after=second) == []
-    assert [i for i, _ in store.read_replay(after="0-0", block_ms=100)] == [first, second]
+    assert [i for i, _ in store.read_stream("replay", after=first)] == [second]
+    assert store.read_stream("replay", after=second) == []
+    assert [i for i, _ in store.read_stream("replay", after="0-0", block_ms=100)] == [first, second]
     t0 = time.monotonic()
-    assert store.read_replay(after=second, block_ms=200) == []
+    assert store.read_stream("replay", after=second, block_ms=200) == []
     assert time.monotonic() - t0 >= 0.15
 
 
@@ -235,7 +248,7 @@ def test_append_and_read_results(store: Store) -> None:
     b = store.append_result({"job": "j2", "kind": "rl", "version": 4, "seed": 12, "fitness": float("nan"),
                              "status": "failed", "error": "boom", "ind": "aesrl:r1:ind:j2", "rl_steps": 10})
     assert store.state()["interactions"] == 150
-    rows = store.read_results("0-0")
+    rows = store.read_stream("results")
     assert [i for i, _ in rows] == [a, b]
     r1 = decode_result(*rows[0])
     assert (r1.job, r1.kind, r1.status, r1.ok) == ("j1", "es", "ok", True)
@@ -244,9 +257,9 @@ def test_append_and_read_results(store: Store) -> None:
     r2 = decode_result(*rows[1])
     assert r2.kind == "rl" and not r2.ok and r2.error == "boom" and r2.ind == "aesrl:r1:ind:j2"
     assert math.isnan(r2.fitness) and math.isnan(r2.f_mu) and r2.f_mu_version == -1
-    assert [i for i, _ in store.read_results(a)] == [b]
-    assert [i for i, _ in store.read_results("0-0", block_ms=50)] == [a, b]
-    assert store.read_results(b, block_ms=50) == []
+    assert [i for i, _ in store.read_stream("results", a)] == [b]
+    assert [i for i, _ in store.read_stream("results", "0-0", block_ms=50)] == [a, b]
+    assert store.read_stream("results", b, block_ms=50) == []
 
 
 def test_decode_result_rejects_malformed_entries() -> None:
@@ -330,15 +343,15 @@ def test_read_critic_rejects_bad_weights(store: Store) -> None:
 
 
 def test_critic_checkpoint_round_trip(store: Store) -> None:
-    assert store.load_critic_ckpt() is None
+    assert store.load_checkpoint("critic") is None
     payload = {
         "critic": np.linspace(0, 1, 10, dtype=np.float32),
         "opt": {"state": {0: {"step": np.array(12.0, np.float32), "exp_avg": np.ones((2, 2), np.float32)}},
                 "param_groups": [{"lr": 1e-3, "betas": [0.9, 0.999], "params": [0, 1]}]},
         "version": 7, "trained": 7000, "t": 123.5,
     }
-    store.save_critic_ckpt(payload)
-    got = store.load_critic_ckpt()
+    store.save_checkpoint("critic", payload)
+    got = store.load_checkpoint("critic")
     np.testing.assert_array_equal(got["critic"], payload["critic"])
     step = got["opt"]["state"][0]["step"]
     assert step.shape == () and float(step) == 12.0
@@ -347,7 +360,7 @@ def test_critic_checkpoint_round_trip(store: Store) -> None:
     assert (got["version"], got["trained"], got["t"]) == (7, 7000, 123.5)
     store.r.set(store.key("critic:ckpt"), b"\x93\x01")
     with pytest.raises(CodecError, match="critic checkpoint"):
-        store.load_critic_ckpt()
+        store.load_checkpoint("critic")
 
 
 # -- jobs in flight ----------------------------------------------------------------------------------
@@ -355,12 +368,12 @@ def test_inflight_started_and_forget(store: Store) -> None:
     store.add_inflight("j1", {"kind": "es", "version": 1, "seed": 5, "deadline": 9.5})
     pipe = store.r.pipeline()
     store.add_inflight("j2", {"kind": "rl", "version": 2, "seed": 6}, pipe=pipe)
-    assert not store.is_inflight("j2")
+    assert not store.r.hexists(store.key("inflight"), "j2")
     pipe.execute()
-    assert store.is_inflight("j2") and not store.is_inflight("j3")
+    assert store.r.hexists(store.key("inflight"), "j2") and not store.r.hexists(store.key("inflight"), "j3")
     assert store.inflight() == {"j1": {"kind": "es", "version": 1, "seed": 5, "deadline": 9.5},
                                 "j2": {"kind": "rl", "version": 2, "seed": 6}}
-    store.mark_started("j1", "w1", "host-a", 4242)
+    mark_started(store, "j1", "w1", "host-a", 4242)
     started = store.started()
     assert set(started) == {"j1"} and started["j1"]["worker"] == "w1" and started["j1"]["pid"] == 4242
     assert started["j1"]["host"] == "host-a" and started["j1"]["t"] > 0
@@ -397,6 +410,30 @@ def test_live_workers_prunes_expired_heartbeats(client) -> None:
     assert live_workers(client) == {}
 
 
+def test_worker_heartbeat_is_written_aged_and_removed(client) -> None:
+    worker_beat(client, "w9", {"host": "h", "pid": 7})
+    assert live_workers(client) == {"w9": {"host": "h", "pid": "7"}}
+    [age] = worker_ages(client, ["w9"])
+    assert 0.0 <= age <= WORKER_TTL
+    assert worker_ages(client, ["nobody"]) == [None] and worker_ages(client, []) == []
+    worker_gone(client, "w9")
+    assert live_workers(client) == {} and not client.exists(WORKER_KEY.format(name="w9"))
+    assert not client.sismember(WORKERS_KEY, "w9")
+
+
+def test_history_from_an_entry_on_or_the_newest(store: Store) -> None:
+    for i in range(5):
+        store.append_history({"i": i})
+    store.r.xadd(store.key("history"), {"d": b"\xc1"})  # malformed: skipped by every read
+    rows = store.history()
+    assert [h["i"] for _, h in rows] == [0, 1, 2, 3, 4]
+    assert [h["i"] for _, h in store.history(count=2)] == [0, 1]
+    assert [h["i"] for _, h in store.history(after=rows[3][0])] == [3, 4]
+    assert [h["i"] for _, h in store.history(count=3, newest=True)] == [3, 4]  # the malformed one was newest
+    with pytest.raises(ValueError, match="history"):
+        store.read_stream("history")
+
+
 def test_delete_removes_every_key_of_the_run_and_nothing_else(client) -> None:
     stores = {}
     for run in ("r1", "r10", "r1-b"):  # prefixes of each other, but distinct runs
@@ -408,9 +445,9 @@ def test_delete_removes_every_key_of_the_run_and_nothing_else(client) -> None:
         s.append_result({"job": "j", "kind": "es", "version": 1, "seed": 1})
         s.put_individual("j", np.zeros(cfg.actor_dim), ttl=60)
         s.publish_critic(1, {"w": np.zeros(2, np.float32)})
-        s.save_critic_ckpt({"v": 1})
+        s.save_checkpoint("critic", {"v": 1})
         s.add_inflight("j", {"kind": "es"})
-        s.mark_started("j", "w", "h", 1)
+        mark_started(s, "j", "w", "h", 1)
         stores[run] = s
     client.sadd(WORKERS_KEY, "w1")
     client.hset(WORKER_KEY.format(name="w1"), "pid", 1)

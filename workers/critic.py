@@ -48,9 +48,7 @@ class CriticDaemon:
         self.stop_event = stop_event or threading.Event()
         self.checkpoint_every = checkpoint_every
         cfg = self.cfg
-        self.spec = NetSpec(obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action,
-                            hidden=tuple(cfg.hidden), activation=cfg.activation,
-                            critic_hidden=tuple(cfg.critic_hidden), critic_activation=cfg.critic_activation)
+        self.spec = NetSpec.from_config(cfg)
         self.critic = self.spec.make_critic(self.device)
         self.critic_target = self.spec.make_critic(self.device)
         hard_update(self.critic_target, self.critic)
@@ -80,7 +78,7 @@ class CriticDaemon:
     # -- restart -------------------------------------------------------------------------------
     def restore(self) -> bool:
         try:
-            ckpt = self.store.load_critic_ckpt()
+            ckpt = self.store.load_checkpoint("critic")
         except CodecError as exc:
             log.warning("critic checkpoint unreadable (%s); starting a fresh critic", exc)
             return False
@@ -97,7 +95,7 @@ class CriticDaemon:
         return True
 
     def checkpoint(self) -> None:
-        self.store.save_critic_ckpt({
+        self.store.save_checkpoint("critic", {
             "critic": get_flat(self.critic), "critic_target": get_flat(self.critic_target),
             "opt": to_numpy(self.opt.state_dict()), "version": self.version, "trained": self.trained,
             "t": time.time(),
@@ -108,7 +106,7 @@ class CriticDaemon:
     def sync(self, block_ms: int | None = None) -> int:
         added = 0
         while True:
-            rows = self.store.read_replay(self.mirror_last, count=200, block_ms=block_ms,
+            rows = self.store.read_stream("replay", self.mirror_last, count=200, block_ms=block_ms,
                                           client=self.rb if block_ms else None)
             block_ms = None  # block at most once per call
             if not rows:

@@ -21,7 +21,7 @@ import redis
 from aesrl_queue import codec, noise
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import load_config_blob
-from aesrl_queue.store import Store
+from aesrl_queue.store import Store, decode_dist
 from workers.replica import ReplicaReader, reader_for
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,7 @@ class _RunContext:
         self.cfg = self.store.config()
         cfg = self.cfg
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
-        self.spec = NetSpec(
-            obs_dim=cfg.obs_dim, act_dim=cfg.act_dim, max_action=cfg.max_action, hidden=tuple(cfg.hidden),
-            activation=cfg.activation, critic_hidden=tuple(cfg.critic_hidden),
-            critic_activation=cfg.critic_activation,
-        )
+        self.spec = NetSpec.from_config(cfg)
         self.actor = self.spec.make_numpy_actor()
         self.mirror = None  # obs-only replay mirror, built on the first RL job
         self.mirror_last = "0-0"
@@ -75,7 +71,7 @@ class _RunContext:
         else:
             self.critic_named = int(started[1] or 0)
             mu, var = self.reader.dist(store, version)
-        return (version, *store.decode_dist(version, mu, var))
+        return (version, *decode_dist(version, mu, var, self.cfg.actor_dim))
 
     def read_current_mu(self) -> tuple[int, np.ndarray] | None:
         """The current version and its μ (from the replica when there is one: possibly a little older)."""
@@ -95,9 +91,9 @@ class _RunContext:
         added = 0
         while True:
             if self.reader is None:
-                rows = self.store.read_replay(self.mirror_last, count=500)
+                rows = self.store.read_stream("replay", self.mirror_last, count=500)
             else:
-                rows = self.reader.read(lambda c: self.store.read_replay(self.mirror_last, count=500, client=c))
+                rows = self.reader.read(lambda c: self.store.read_stream("replay", self.mirror_last, count=500, client=c))
             if not rows:
                 return added
             for entry_id, fields in rows:

@@ -23,7 +23,7 @@ from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from aesrl_queue.connection import backoff_retry, use_packer, wait_until_reachable
-from aesrl_queue.store import QUEUE_ES, QUEUE_RL, WORKER_KEY, WORKER_TTL, WORKERS_KEY, Store
+from aesrl_queue.store import QUEUE_ES, QUEUE_RL, Store, worker_beat, worker_gone
 from workers import jobs, replica
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,6 @@ class AesrlWorker(SimpleWorker):
 
     # -- heartbeat ------------------------------------------------------------------------------
     def _beat(self) -> None:
-        key = WORKER_KEY.format(name=self.name)
         fields = {
             "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
             "queues": ",".join(q.name for q in self.queues), "jobs_done": self._jobs_done,
@@ -112,12 +111,7 @@ class AesrlWorker(SimpleWorker):
             "job": self._current.get("job", ""), "kind": self._current.get("kind", ""),
             "run": self._current.get("run", ""),
         }
-        pipe = self.connection.pipeline()
-        pipe.delete(key)
-        pipe.hset(key, mapping=fields)
-        pipe.expire(key, WORKER_TTL)
-        pipe.sadd(WORKERS_KEY, self.name)
-        pipe.execute()
+        worker_beat(self.connection, self.name, fields)
 
     def _heartbeat_loop(self) -> None:
         failures = 0
@@ -145,8 +139,7 @@ class AesrlWorker(SimpleWorker):
         finally:
             self._hb_stop.set()
             try:
-                self.connection.delete(WORKER_KEY.format(name=self.name))
-                self.connection.srem(WORKERS_KEY, self.name)
+                worker_gone(self.connection, self.name)
             except Exception:  # Redis gone at shutdown: the key expires on its own
                 pass
 
