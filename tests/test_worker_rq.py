@@ -80,7 +80,7 @@ def test_a_live_worker_looks_alive_to_rq(client, redis_url, procs) -> None:
              and len(FailedJobRegistry("aesrl-es", connection=client)) == 1, 60, what="the jobs to finish",
              on_fail=procs.logs)
     [w] = Worker.all(connection=client)
-    wait_for(lambda: (w.refresh() or True) and w.get_state() == "idle", 10, what="state idle")
+    wait_for(lambda: (w.refresh() or True) and w.get_state() == "idle", 60, what="state idle")
     assert w.successful_job_count == N and w.failed_job_count == 1
     done = [Job.fetch(j, connection=client, serializer=JSONSerializer) for j in ids[:N]]
     assert all(job.worker_name == w.name for job in done)
