@@ -5,6 +5,7 @@ the middle of a job, and the exactly-once checks every fault test ends with.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import signal
@@ -110,6 +111,33 @@ def check_exactly_once(client: redis.Redis, store: Store) -> dict[str, Any]:
     assert all(s in (0, 1) for s in steps), f"version sequence skips: {versions}"
     assert not versions or versions[-1] == st["version"]
     return {"state": st, "history": history, "results": entries}
+
+
+def check_td3_exactly_once(client: redis.Redis, store: Store) -> dict[str, Any]:
+    """check_exactly_once for td3, whose results are its own episodes (it has no jobs): every episode
+    stored in `replay` and recorded in `history` exactly once, numbered without a gap or a repeat,
+    `steps` counting each stored episode once, versions in order.
+
+    Returns the state and the history for further checks.
+    """
+    st = store.state()
+    history = [h for _i, h in store.history()]
+    episodes = st["results_applied"]
+    assert episodes > 0, st
+    assert _added(client, store.key("replay")) == _added(client, store.key("history")) == episodes, (
+        "episodes stored, recorded and counted differ", _added(client, store.key("replay")),
+        _added(client, store.key("history")), st)
+    replay_jobs = [_text(f[b"job"]) for _i, f in client.xrange(store.key("replay"))]
+    expected = [f"{store.run_id}-e{i}" for i in range(1, episodes + 1)]
+    assert [h["job"] for h in history] == expected, "episodes recorded out of order, twice or not at all"
+    assert replay_jobs == expected, "episodes stored out of order, twice or not at all"
+    steps = [h["steps"] for h in history]
+    assert steps == list(itertools.accumulate(h["len"] for h in history)), "steps counted twice or skipped"
+    assert steps[-1] == st["steps"], (steps[-1], st["steps"])
+    versions = [h["version"] for h in history]
+    assert versions == sorted(versions) and versions[-1] == st["version"], (versions, st)
+    assert all(b - a in (0, 1) for a, b in zip(versions, versions[1:], strict=False)), versions
+    return {"state": st, "history": history}
 
 
 def wait_pid_exit(pid: int, timeout: float = 10.0) -> bool:

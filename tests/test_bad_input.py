@@ -78,24 +78,24 @@ def test_forged_results_are_rejected_and_mu_never_moves(tmp_path, redis_url, cli
     job = in_flight()[0]
     plant(job=job, fitness="nan")
     rejected(1)
-    job = wait_for(in_flight, 10)[0]
+    job = wait_for(in_flight, 60)[0]
     plant(job=job, fitness="inf")
     rejected(2)
-    job = wait_for(in_flight, 10)[0]
+    job = wait_for(in_flight, 60)[0]
     plant(job=job, spec_hash="0123456789abcdef")
     rejected(3)
     # An RL result whose trained parameters have the wrong length, and one naming a key of another run.
-    job = wait_for(in_flight, 10)[0]
+    job = wait_for(in_flight, 60)[0]
     client.set(store.key(f"ind:{job}"), codec.encode_array([0.5] * (cfg.actor_dim - 3)), ex=60)
     plant(job=job, kind="rl", ind=store.key(f"ind:{job}"))
     rejected(4)
-    job = wait_for(in_flight, 10)[0]
+    job = wait_for(in_flight, 60)[0]
     client.set(f"aesrl:other:ind:{job}", codec.encode_array([0.5] * cfg.actor_dim), ex=60)
     plant(job=job, kind="rl", ind=f"aesrl:other:ind:{job}")
     rejected(5)
     # Malformed entries: a number that is not one, an unknown kind, no job at all.
-    plant(job=wait_for(in_flight, 10)[0], version="twelve")
-    plant(job=wait_for(in_flight, 10)[0], kind="evil")
+    plant(job=wait_for(in_flight, 60)[0], version="twelve")
+    plant(job=wait_for(in_flight, 60)[0], kind="evil")
     client.xadd(store.key("results"), {"kind": "es", "status": "ok", "hello": "world"})
     rejected(8)
 

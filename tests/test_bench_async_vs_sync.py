@@ -1,5 +1,6 @@
 """bench/async_vs_sync.py --quick runs serial, synchronous and asynchronous schedulers on real workers
-and writes one row per (case, algorithm, workers). Shapes only: no timing is asserted here. Without
+and writes one row per (case, algorithm, workers), each having evaluated its budget on every worker it
+was given (cemrl on one). No timing is asserted here. Without
 --out, --quick writes to a temporary folder, never over the committed bench/results."""
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ def test_async_vs_sync_quick_rows():
     assert rows == {("varying", "cemrl", 1), ("varying", "pcemrl", 1), ("varying", "aesrl", 1),
                     ("varying", "pcemrl", 4), ("varying", "aesrl", 4)}
     for r in data["rows"]:
-        # every configuration evaluated its budget, and used the workers it was given
+        # every configuration evaluated its budget, and used every worker it was given (cemrl one)
         assert r["evals"] >= data["evals"], r
+        assert 0 < r["applied"] <= r["evals"], r
+        assert r["workers_used"] == (1 if r["algo"] == "cemrl" else r["workers"]), r
+        assert r["workers_seen"] == r["workers_used"], r
+        # busy time cannot exceed the workers used over the wall time; s/eval is wall / evaluations
         assert 0.0 < r["utilisation"] <= 1.05, r
-        assert r["workers_seen"] <= r["workers"], r
+        assert r["s_per_eval"] == pytest.approx(r["wall_s"] / r["evals"]), r
     assert "vs serial" in proc.stdout and "async/sync" in proc.stdout
     if out.parent.name.startswith("aesrl-bench-"):  # the temporary folder of --quick
         shutil.rmtree(out.parent, ignore_errors=True)

@@ -104,6 +104,6 @@ def test_keys_and_memory_stay_bounded_over_thousands_of_jobs(tmp_path, redis_url
     assert len(list(client.scan_iter(match=store.key("dist:*")))) <= 3
     assert client.hlen(store.key("inflight")) == 0 and client.hlen(store.key("refs")) == 0
     # After result_ttl every RQ job key of the run is gone on its own.
-    wait_for(lambda: not list(client.scan_iter(match=f"rq:job:{RUN}-*", count=1000)), RESULT_TTL + 15,
+    wait_for(lambda: not list(client.scan_iter(match=f"rq:job:{RUN}-*", count=1000)), RESULT_TTL + 60,
              what="RQ job keys to expire")
     assert not list(client.scan_iter(match=f"rq:results:{RUN}-*", count=1000))

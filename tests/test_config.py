@@ -187,11 +187,12 @@ def test_var_floor_above_var_init_is_rejected() -> None:
 
 
 def test_valid_edge_values_pass() -> None:
-    edge = RunConfig.from_preset("Hopper-v5", rl_ratio=0.0, r=1e-9, run_id="run_1-A", population=2,
-                                 initial_steps=0, hidden=(1,))
-    assert edge.validate() is edge
-    full = RunConfig.from_preset("Hopper-v5", rl_ratio=1.0)
-    assert full.validate() is full
+    cfg = RunConfig.from_preset("Hopper-v5", rl_ratio=0.0, r=1e-9, run_id="run_1-A", population=2,
+                                initial_steps=0, hidden=(1,))
+    assert cfg.validate() is cfg  # it raises ConfigError on a bad field and returns the config when all pass
+    assert (cfg.rl_ratio, cfg.r, cfg.run_id, cfg.population, cfg.initial_steps, cfg.hidden) == \
+        (0.0, 1e-9, "run_1-A", 2, 0, (1,))
+    assert RunConfig.from_preset("Hopper-v5", rl_ratio=1.0).validate().rl_ratio == 1.0
 
 
 def test_from_dict_rejects_unknown_fields_and_bad_layer_strings() -> None:

@@ -17,6 +17,9 @@ from tests.faults import check_exactly_once, signal_worker, sleep_config, wait_p
 pytestmark = pytest.mark.slow
 
 RUN = "faults-workers"
+# A generous wait for a lost job to be replaced: the heartbeat notices it in about WORKER_TTL + 1 s;
+# the reason logged (below) tells the heartbeat from a job deadline.
+LOSS_LIMIT = 9 * WORKER_TTL
 
 
 def _wait_replaced(store: Store, before: int, since: float, timeout: float, on_fail) -> float:
@@ -45,8 +48,8 @@ def test_kill_9_in_es_and_rl_jobs_and_a_late_result(tmp_path, redis_url, client,
     stopped = wait_for(lambda: [w for w in workers_in_job(client, store) if w["name"] != es["name"]], 30,
                        interval=0.05, what="another job running", on_fail=procs.logs)[0]
     signal_worker(stopped, signal.SIGSTOP)
-    es_latency = _wait_replaced(store, before, t_kill, 3 * WORKER_TTL, procs.logs)
-    wait_for(lambda: store.state()["replaced"] >= before + 2, 3 * WORKER_TTL, interval=0.1,
+    es_latency = _wait_replaced(store, before, t_kill, LOSS_LIMIT, procs.logs)
+    wait_for(lambda: store.state()["replaced"] >= before + 2, LOSS_LIMIT, interval=0.1,
              what="the stopped worker's job to be replaced", on_fail=procs.logs)
     procs.rq_worker("w-new-1", redis_url)
     # The stopped worker wakes up and reports its (replaced) job: dropped as stale.
@@ -63,7 +66,7 @@ def test_kill_9_in_es_and_rl_jobs_and_a_late_result(tmp_path, redis_url, client,
     t_kill = time.monotonic()
     signal_worker(rl, signal.SIGKILL)
     assert wait_pid_exit(int(rl["pid"]))
-    rl_latency = _wait_replaced(store, before, t_kill, 3 * WORKER_TTL, procs.logs)
+    rl_latency = _wait_replaced(store, before, t_kill, LOSS_LIMIT, procs.logs)
     steps_after_faults = store.state()["steps"]
     procs.rq_worker("w-new-2", redis_url)
 
@@ -81,11 +84,14 @@ def test_kill_9_in_es_and_rl_jobs_and_a_late_result(tmp_path, redis_url, client,
     assert stopped["job"] not in applied
     assert st["replaced"] >= 3 and st["stale"] >= 1, st
     assert st["rl_applied"] > 0 and st["es_applied"] > 0, st
+    # Both kills are noticed by the missing heartbeat, not by a job deadline (at least 120 s) or
+    # RQ's abandoned-job pass: the scheduler logs that reason for each job it replaced.
     log = procs.log("scheduler")
-    assert f"job {es['job']} lost (worker {es['name']}" in log and "stopped heartbeating" in log, log[-3000:]
+    for killed in (es, rl):
+        line = next((ln for ln in log.splitlines() if f"job {killed['job']} lost (" in ln), "")
+        assert f"(worker {killed['name']} on " in line and "stopped heartbeating" in line, log[-3000:]
+    assert "past its deadline" not in log, log[-3000:]
     assert f"result of {stopped['job']} (" in log and "is not in flight" in log
-    # Detected by the heartbeat: TTL + a check interval, far inside any job deadline (>= 120 s).
     print(f"\ndetection latency after kill -9: ES {es_latency:.1f}s, RL {rl_latency:.1f}s "
           f"(heartbeat TTL {WORKER_TTL}s); replaced={st['replaced']} stale={st['stale']}; "
           f"steps when the faults were over {steps_after_faults}")
-    assert es_latency < WORKER_TTL + 8 and rl_latency < WORKER_TTL + 8, (es_latency, rl_latency)

@@ -72,11 +72,16 @@ def test_ctrl_c_during_a_metrics_pass_is_raised_after_it(other_thread) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def test_a_quiet_pass_raises_nothing() -> None:
+def test_a_quiet_pass_holds_ctrl_c_back_raises_nothing_and_puts_the_handler_back() -> None:
     launch._received.clear()
+    before = signal.getsignal(signal.SIGINT)
+    during = []
 
     class Quiet:
         def poll(self) -> int:
+            during.append((signal.getsignal(signal.SIGINT), launch._deferring))
             return 0
 
-    launch.poll_metrics(Quiet())
+    assert launch.poll_metrics(Quiet()) is None
+    assert len(during) == 1 and during[0][0] is not before and during[0][1], during  # held back while it ran
+    assert signal.getsignal(signal.SIGINT) is before and not launch._deferring

@@ -2,7 +2,8 @@
 the scheduler is SIGKILLed mid-run (the synchronous ones mid-generation, with members already back)
 and restarted with --run; Redis is SIGKILLed (AOF, fsync every second: up to a second of writes is
 lost) and restarted on its AOF; each scheduler is killed and restarted once more. Every run finishes
-its budget with every result applied exactly once; td3, which has no jobs, resumes from its checkpoint.
+its budget with every result applied exactly once; td3, which has no jobs, resumes from its checkpoint
+with every episode stored and recorded exactly once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from aesrl_queue.connection import connect
 from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import Store
 from tests.conftest import wait_for
-from tests.faults import check_exactly_once, sleep_config, wait_pid_exit
+from tests.faults import check_exactly_once, check_td3_exactly_once, sleep_config, wait_pid_exit
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +127,7 @@ def test_every_algorithm_survives_scheduler_and_redis_kills(tmp_path, procs):
             budget = 4000 if name == "td3" else 1600
             assert st["steps"] >= budget, (name, st)
             if name == "td3":
+                check_td3_exactly_once(client, store)
                 for log in (procs.log("td3-s2"), procs.log("td3-s3")):
                     assert "td3 resumed at" in log and "from its checkpoint" in log, log[-2000:]
                 continue

@@ -6,6 +6,8 @@ Tiny networks and fixed seeds keep every test fast and deterministic on CPU.
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,8 +22,8 @@ from aesrl_queue.td3 import (
     hard_update,
     soft_update,
     train_actor,
-    warm_up_torch,
 )
+from tests.conftest import ROOT, child_env
 
 SPEC = NetSpec(obs_dim=4, act_dim=2, max_action=1.0, hidden=(16, 16), critic_hidden=(32, 32))
 
@@ -309,8 +311,19 @@ def test_td3_agent_trains_from_replay():
     np.testing.assert_array_equal(agent.actor_params(), flat)
 
 
-def test_warm_up_torch_runs():
-    warm_up_torch()
+def test_warm_up_torch_pays_the_lazy_imports_and_draws_no_random_numbers():
+    """In a fresh interpreter the first optimizer step imports torch._dynamo; warming up does it
+    before a worker forks, and leaves torch's random stream where it was (jobs stay bit-exact)."""
+    code = ("import sys, torch\n"
+            "from aesrl_queue.td3 import warm_up_torch\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "state = torch.get_rng_state()\n"
+            "warm_up_torch()\n"
+            "assert 'torch._dynamo' in sys.modules\n"
+            "assert torch.equal(torch.get_rng_state(), state)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
 
 
 def test_critic_daemon_with_critic_shift_learns_the_rewards_less_the_shift(client) -> None:
