@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     overrides = json.loads(args.config.read_text()) if args.config else {}
-    overrides.update(algo="td3", total_steps=args.steps, seed=args.seed, hidden=args.hidden,
-                     critic_hidden=args.critic_hidden, td3_start_steps=args.start_steps)
+    options = dict(hidden=args.hidden, critic_hidden=args.critic_hidden, td3_start_steps=args.start_steps)
+    overrides.update(algo="td3", total_steps=args.steps, seed=args.seed,
+                     **{k: v for k, v in options.items() if v is not None})  # an option not given keeps the file's
     cfg = RunConfig.from_preset(args.env, **overrides).resolve()
 
     args.out.mkdir(parents=True, exist_ok=True)
