@@ -1,24 +1,22 @@
 """The learning protocol: AES-RL against TD3, CEM-RL and SB3's TD3, measured once on frozen code.
 
-Everything a reported number depends on is fixed in PROTOCOL and declared, with the commit it runs
-at and the pinned simulator versions, in bench/results/learning-protocol.json before the first cell
-runs (docs/performance.md, "The learning protocol"). A cell (env, algo, seed) is one
-`aesrl-queue run` (sb3-td3: bench/sb3_td3.py) that writes its policy at each milestone itself
-(`--snapshot-steps`, `--snapshot-interactions`); the bench then scores each snapshot on the same 10
-fixed start states for every algorithm. Every cell counts: one is run again only after a crash, and
-the crash stays in the file.
+PROTOCOL fixes everything a reported number depends on; `--declare` writes it, with the commit and the
+pinned versions, to bench/results/learning-protocol.json before the first cell (docs/performance.md).
+A cell (env, algo, seed) is one `aesrl-queue run` (sb3-td3: bench/sb3_td3.py) that writes its policy
+at each milestone itself; each snapshot is scored on the same 10 fixed start states. Every cell
+counts: one runs again only after a crash, which stays in the file.
 
     python bench/learning.py --declare COMMIT      fix the commit (refused once rows exist)
     python bench/learning.py --run --max-hours 8   run pending cells, seed by seed; start none after 8 h
     python bench/learning.py --report              the tables and P(improvement); writes "summary"
     python bench/learning.py --cells Hopper-v5:aesrl-rl10k:1   an ablation or development cell (dev file)
-    python bench/learning.py --dev-table           the development table (seeds 1-3) of learning.json
     python bench/learning.py --quick               the machinery on Pendulum-v1 in a temporary folder
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import importlib.util
 import json
@@ -34,16 +32,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PINS = {"mujoco": "4.0.0", "gymnasium": "1.4.0"}  # the `bench` extra of setup.cfg pins the same
-# aesrl-paper: `--algo aesrl` with every adopted departure of the fitness comparison and the RL jobs
-# returned to the paper (docs/decisions.md). It keeps critic_lag (on 2 cores the critic falls behind
-# without it; aesrl-no-lag measures that) and one paired f(μ) episode per job.
+# aesrl-paper: `--algo aesrl` with the paper's fitness comparison and RL jobs (docs/decisions.md); it keeps
+# critic_lag (on 2 cores the critic falls behind without it: aesrl-no-lag) and one paired f(μ) episode.
 PAPER_AESRL = {"r": "paper", "fitness_shift": 0.0, "critic_shift": False, "rl_steps_max": 10_000}
 PROTOCOL: dict[str, Any] = {
     "envs": ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5"],
@@ -67,8 +63,7 @@ PROTOCOL: dict[str, Any] = {
                   "bootstrap CIs stratified by algorithm (scipy.stats.bootstrap, 5 000 resamples), and "
                   "P(aesrl > X) with its CI; ahead/behind only where the CI excludes 0.5",
 }
-# At most three ablations of the default, each returning one adopted departure to the paper's setting;
-# runnable by name with --cells, recorded in the dev file, never in the report.
+# Ablations: each returns one adopted departure of the default to the paper; --cells only, never reported.
 ABLATIONS = {"aesrl-no-shift": {"algo": "aesrl", "fitness_shift": 0.0, "critic_shift": False},
              "aesrl-rl10k": {"algo": "aesrl", "rl_steps_max": 10_000},
              "aesrl-no-lag": {"algo": "aesrl", "critic_lag": 0}}
@@ -77,19 +72,15 @@ QUICK = {**PROTOCOL, "envs": ["Pendulum-v1"], "held_out": [], "budget_steps": 1_
          "seeds": {"aesrl": [101], "td3": [101], "sb3-td3": [101]},
          "shared": {"hidden": [16, 16], "critic_hidden": [32, 32], "initial_steps": 400, "td3_start_steps": 400,
                     "td3_eval_every": 200, "batch_size": 32, "critic_chunk": 50, "rl_steps_max": 100},
-         "milestones": {"25": ["steps", 300], "50": ["steps", 600], "100": ["steps", 1_200],
-                        "i25k": ["interactions", 300], "i50k": ["interactions", 600],
-                        "i100k": ["interactions", 1_200]}}
+         "milestones": {k: [kind, n * 12 // 1000] for k, (kind, n) in PROTOCOL["milestones"].items()}}
 TIMEOUT_MIN = {"full": 240.0, "quick": 3.0}  # a cell still running after this is killed: a crash
-CURVE_POINTS = 100
-RESAMPLES = 5_000
+CURVE_POINTS, RESAMPLES = 100, 5_000
 
 
 class Refused(Exception):
     """The bench will not record this row (or this declaration)."""
 
 
-# -- git and versions ------------------------------------------------------------------------------------
 def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
 
@@ -119,10 +110,8 @@ def package_versions() -> dict[str, str]:
 
     out = {}
     for name in ("mujoco", "gymnasium", "torch", "numpy", "scipy", "stable-baselines3"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             out[name] = version(name)
-        except PackageNotFoundError:
-            pass
     return out
 
 
@@ -133,15 +122,13 @@ def row_refusals(row: dict[str, Any], protocol: dict[str, Any]) -> list[str]:
         out.append(f"{row['env']}:{row['algo']} is not a protocol cell (ablations go to the dev file)")
     elif row["seed"] not in protocol["seeds"][row["algo"]]:
         out.append(f"seed {row['seed']} is not a report seed of {row['algo']} (development seeds go to the dev file)")
-    for name, pin in protocol["pins"].items():
-        if row["versions"].get(name) != pin:
-            out.append(f"{name} {row['versions'].get(name)} is installed, the protocol pins {pin}")
+    out += [f"{n} {row['versions'].get(n)} is installed, the protocol pins {p}"
+            for n, p in protocol["pins"].items() if row["versions"].get(n) != p]
     if row.get("commit") != protocol["commit"]:
         out.append(f"the row ran at {row.get('commit')}, the protocol declares {protocol['commit']}")
     return out
 
 
-# -- the results file ------------------------------------------------------------------------------------
 def load(path: Path) -> dict[str, Any]:
     data = json.loads(path.read_text()) if path.exists() else {}
     for key, empty in (("protocol", None), ("rows", []), ("crashes", []), ("summary", {})):
@@ -163,6 +150,10 @@ def update(path: Path, change) -> dict[str, Any]:
     return data
 
 
+def add_crash(path: Path, crash: dict[str, Any]) -> None:  # a crash of a cell is part of the record
+    update(path, lambda d: d["crashes"].append(crash))
+
+
 def declare(path: Path, commit: str, repo: Path = ROOT, protocol: dict[str, Any] = PROTOCOL) -> dict[str, Any]:
     """Write the protocol block with the full commit and the pins; refused once the file holds rows
     under another declaration, and for a commit that is not an ancestor of main."""
@@ -172,7 +163,6 @@ def declare(path: Path, commit: str, repo: Path = ROOT, protocol: dict[str, Any]
     if git(repo, "merge-base", "--is-ancestor", full, "main").returncode != 0:
         raise Refused(f"{full[:12]} is not an ancestor of main")
     block = {**protocol, "commit": full, "pins": dict(PINS)}
-
     def change(data: dict[str, Any]) -> None:
         if data["rows"] and data["protocol"] != block:
             raise Refused(f"{path.name} holds {len(data['rows'])} rows under its declaration; it is not changed")
@@ -182,9 +172,8 @@ def declare(path: Path, commit: str, repo: Path = ROOT, protocol: dict[str, Any]
 
 
 def record(path: Path, row: dict[str, Any], repo: Path | None = ROOT) -> None:
-    """Append a protocol row: refused unless it is a cell of the declared protocol, on the pinned
-    versions, from a clean tree at the declared commit, which main contains (repo None: no git checks,
-    for --quick)."""
+    """Append a protocol row: refused unless it is a declared cell, on the pinned versions, from a clean
+    tree at the declared commit, which main contains (repo None: no git checks, for --quick)."""
     def change(data: dict[str, Any]) -> None:
         protocol = data["protocol"]
         if protocol is None:
@@ -203,10 +192,8 @@ def cell_key(r: dict[str, Any]) -> tuple[str, str, int]:
     return (r["env"], r["algo"], int(r["seed"]))
 
 
-# -- cells -----------------------------------------------------------------------------------------------
 def protocol_cells(protocol: dict[str, Any]) -> list[tuple[str, str, int]]:
-    """Every cell, seed by seed (the first seed of every env and algo first), so that partial results
-    stay balanced."""
+    """Every cell, seed by seed (seed 101 of every env and algo first): partial results stay balanced."""
     seeds = sorted({s for ss in protocol["seeds"].values() for s in ss})
     return [(env, algo, seed) for seed in seeds for env in protocol["envs"] for algo in protocol["seeds"]
             if seed in protocol["seeds"][algo]]
@@ -258,8 +245,7 @@ def run_cell(env: str, algo: str, seed: int, protocol: dict[str, Any], runs_dir:
     env_vars.pop("AESRL_REDIS_URL", None)  # every cell starts its own embedded Redis
     t0 = time.monotonic()
     with open(folder.with_name(folder.name + ".log"), "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
+        print(" ".join(cmd), file=log, flush=True)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
@@ -274,21 +260,18 @@ def run_cell(env: str, algo: str, seed: int, protocol: dict[str, Any], runs_dir:
     return folder, time.monotonic() - t0, outcome
 
 
-# -- scoring a finished run ------------------------------------------------------------------------------
 def score_snapshot(path: Path, eval_seeds: list[int]) -> dict[str, Any]:
     """The deterministic policy of a snapshot, one episode from each fixed start state."""
     from aesrl_queue.rollout import run_episodes
     from cli.export import load_policy, numpy_actor
 
-    payload = load_policy(path)
-    actor = numpy_actor(payload)
+    actor = numpy_actor(payload := load_policy(path))
     returns = [float(run_episodes(payload["env_id"], actor, k=1, seed=s, store=False,
                                   env_kwargs=payload["env_kwargs"]).returns[0]) for s in eval_seeds]
     return {"returns": [round(r, 3) for r in returns], "mean": round(float(np.mean(returns)), 3)}
 
 
-def thin(points: np.ndarray, n: int = CURVE_POINTS) -> np.ndarray:
-    """At most n rows: means of consecutive blocks of rows."""
+def thin(points: np.ndarray, n: int = CURVE_POINTS) -> np.ndarray:  # at most n rows: means of blocks of rows
     return points if len(points) <= n else np.vstack([b.mean(axis=0) for b in np.array_split(points, n)])
 
 
@@ -306,15 +289,13 @@ def read_run(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any
             scores[key] = {**score_snapshot(snap, protocol["eval_seeds"]), **at}
     summary = json.loads((folder / "summary.json").read_text())
     needed_all = algo.startswith("aesrl")  # aesrl's f(μ) episodes enter its rule; td3's, CEM-RL's, SB3's do not
-    run = load_run(folder)
     pts = np.array([[e["steps"], e.get("interactions") or np.nan, e.get("elapsed") or np.nan, e["f_mu"]]
-                    for e in run.evals], dtype=float).reshape(-1, 4)
+                    for e in load_run(folder).evals], dtype=float).reshape(-1, 4)
     return {"steps": int(summary["steps"]), "env_steps": int(summary["interactions"]),
             "interactions": int(summary["interactions"] if needed_all else summary["steps"]),
             "scores": scores, "curve": [[round(float(v), 2) for v in p] for p in thin(pts)]}
 
 
-# -- statistics ------------------------------------------------------------------------------------------
 def iqm(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Interquartile mean (rliable's aggregate_iqm): the mean after trimming a quarter from each end."""
     from scipy.stats import trim_mean
@@ -382,16 +363,15 @@ def report_text(summary: dict[str, Any], protocol: dict[str, Any]) -> str:
             lines.append(f"  {key:>5} ({where}): " + "; ".join(
                 f"{a} n={c['n']} mean {fmt(c['mean'])} IQM {fmt(c['iqm'])}" for a, c in cell["algos"].items()))
             for other, v in cell["vs"].items():
-                p = v["p"]
-                ci = f" [{p[1]:.2f}, {p[2]:.2f}]" if math.isfinite(p[1]) else ""
-                lines.append(f"         P(aesrl > {other}) = {p[0]:.2f}{ci}: {v['verdict']}")
+                ci = f" [{v['p'][1]:.2f}, {v['p'][2]:.2f}]" if math.isfinite(v["p"][1]) else ""
+                lines.append(f"         P(aesrl > {other}) = {v['p'][0]:.2f}{ci}: {v['verdict']}")
     return "\n".join(lines) if lines else "no rows yet"
 
 
 def report(path: Path) -> str:
     data = load(path)
     if data["protocol"] is None:
-        return f"{path}: no protocol declared"
+        raise Refused(f"{path.name} declares no protocol")
     summary = summarise(data["rows"], data["protocol"])
     update(path, lambda d: d.update(summary=summary))
     hours = sum(r["wall_s"] for r in data["rows"]) / 3600
@@ -400,24 +380,6 @@ def report(path: Path) -> str:
               f"(wall clock is recorded, never compared: cells shared the machine) at {data['protocol']['commit']}")
 
 
-def dev_table(path: Path = RESULTS / "learning.json") -> str:
-    """The development rows (seeds 1-3, every configuration tried): mean ± std over seeds of the
-    training-time f(μ) over the last tenth of 25 / 50 / 100 % of the budget."""
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["env"], r["algo"]), []).append(r)
-
-    def ms(vals: list[float]) -> str:
-        return f"{np.mean(vals):.0f} ± {np.std(vals):.0f}" if len(vals) > 1 else f"{vals[0]:.0f}"
-
-    lines = ["| env | algo | runs | f(μ) 25 % | 50 % | 100 % |", "|---|---|---|---|---|---|"]
-    lines += [f"| {env} | {algo} | {len(rs)} | {ms([r['q25'] for r in rs])} | {ms([r['q50'] for r in rs])} | "
-              f"{ms([r['final'] for r in rs])} |" for (env, algo), rs in sorted(groups.items())]
-    return "\n".join(lines)
-
-
-# -- main ------------------------------------------------------------------------------------------------
 def run_cells(cells: list[tuple[str, str, int]], protocol: dict[str, Any], path: Path, runs_dir: Path,
               max_hours: float | None, timeout_min: float, repo: Path | None, dev: bool) -> int:
     """Run the cells in order, recording a row (or a crash) after each; start none after max_hours."""
@@ -427,9 +389,9 @@ def run_cells(cells: list[tuple[str, str, int]], protocol: dict[str, Any], path:
             print(f"--max-hours {max_hours:g} reached: {len(cells) - i + 1} cells left", flush=True)
             break
         commit = git(repo or ROOT, "rev-parse", "HEAD").stdout.strip()
-        load_start = [round(x, 2) for x in os.getloadavg()]
         print(f"[{i}/{len(cells)}] {env}:{algo}:{seed} ...", end=" ", flush=True)
-        base = {"env": env, "algo": algo, "seed": seed, "commit": commit, "versions": package_versions()}
+        base = {"env": env, "algo": algo, "seed": seed, "commit": commit, "versions": package_versions(),
+                "loadavg": [[round(x, 2) for x in os.getloadavg()]]}  # at the start; the end is added
         try:
             folder, wall, outcome = run_cell(env, algo, seed, protocol, runs_dir, timeout_min)
             if outcome == "ok":
@@ -438,18 +400,16 @@ def run_cells(cells: list[tuple[str, str, int]], protocol: dict[str, Any], path:
                 except Exception as exc:  # noqa: BLE001 - an unreadable run folder is a crash of the cell
                     outcome = f"no result: {type(exc).__name__}: {exc}"
         except BaseException as exc:  # the bench itself was stopped: the cell's run is lost and recorded
-            crash = {**base, "outcome": f"interrupted ({type(exc).__name__})", "t": time.time()}
-            update(path, lambda d, c=crash: d["crashes"].append(c))
+            add_crash(path, {**base, "outcome": f"interrupted ({type(exc).__name__})", "t": time.time()})
             raise
         if outcome != "ok":
             failed += 1
-            crash = {**base, "outcome": outcome, "wall_s": round(wall, 1), "t": time.time()}
-            update(path, lambda d, c=crash: d["crashes"].append(c))
+            add_crash(path, {**base, "outcome": outcome, "wall_s": round(wall, 1), "t": time.time()})
             print(f"CRASH ({outcome}); recorded, the cell stays pending", flush=True)
             continue
-        row = {**base, "settings": cell_settings(algo, protocol), "budget_steps": protocol["budget_steps"],
-               **got, "wall_s": round(wall, 1), "loadavg": [load_start, [round(x, 2) for x in os.getloadavg()]],
-               "cores": os.cpu_count()}
+        row = {**base, "settings": cell_settings(algo, protocol), "budget_steps": protocol["budget_steps"], **got,
+               "wall_s": round(wall, 1), "cores": os.cpu_count()}
+        row["loadavg"] = base["loadavg"] + [[round(x, 2) for x in os.getloadavg()]]
         if dev:
             row["dirty"] = bool(dirty_paths(repo or ROOT))
             update(path, lambda d, r=row: d["rows"].append(r))
@@ -459,13 +419,27 @@ def run_cells(cells: list[tuple[str, str, int]], protocol: dict[str, Any], path:
     return 1 if failed else 0
 
 
+def check_start(data: dict[str, Any], path: Path) -> None:
+    """Refuse to start cells that could not be recorded: no declaration, other code, a dirty tree, other versions."""
+    if data["protocol"] is None:
+        raise Refused(f"{path.name} declares no protocol: run --declare COMMIT first")
+    if {k: v for k, v in data["protocol"].items() if k not in ("commit", "pins")} != json.loads(json.dumps(PROTOCOL)):
+        raise Refused("this code's PROTOCOL differs from the declared one")
+    versions = package_versions()
+    why = git_refusals(ROOT, data["protocol"]["commit"]) + [f"{n} {versions.get(n)} is installed, the protocol pins "
+                                                           f"{p}" for n, p in data["protocol"]["pins"].items() if versions.get(n) != p]
+    if why:
+        raise Refused("; ".join(why))
+
+
 def parse_cells(text: str) -> list[tuple[str, str, int]]:
     cells = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         env, algo, seed = item.split(":")
         if env not in PROTOCOL["envs"] or (algo not in PROTOCOL["algos"] and algo not in ABLATIONS):
-            raise SystemExit(f"--cells: {item!r}: envs {PROTOCOL['envs']}, algos "
-                             f"{[*PROTOCOL['algos'], *ABLATIONS]}")
+            raise SystemExit(f"--cells: {item!r}: envs {PROTOCOL['envs']}, algos {[*PROTOCOL['algos'], *ABLATIONS]}")
+        if int(seed) in PROTOCOL["seeds"].get(algo, ()):  # a report cell runs once, with --run
+            raise SystemExit(f"--cells: {item!r} is a report cell: `--run` runs it, into the report file")
         cells.append((env, algo, int(seed)))
     return cells
 
@@ -479,7 +453,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-hours", type=float, default=None, help="start no new cell after this many hours")
     ap.add_argument("--cells", default="", help="env:algo:seed,... ablation or development cells (dev file)")
     ap.add_argument("--report", action="store_true", help="print the report and write it into the summary")
-    ap.add_argument("--dev-table", action="store_true", help="print the development table of learning.json")
     ap.add_argument("--quick", action="store_true", help="Pendulum-v1, tiny budget, temporary folder")
     ap.add_argument("--out-dir", type=Path, default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
@@ -488,42 +461,31 @@ def main(argv: list[str] | None = None) -> int:
     path, runs_dir = out / "learning-protocol.json", out / "learning-protocol"
     print(f"results: {path}", flush=True)
     try:
-        if args.dev_table:
-            print(dev_table())
-        elif args.declare:
+        if args.declare:
             print(json.dumps(declare(path, args.declare), indent=1))
-        elif args.quick:
-            # the machinery only: the commit as it is, and the versions installed as the pins
-            head = git(ROOT, "rev-parse", "HEAD").stdout.strip()
-            pins = {n: package_versions().get(n) for n in PINS}
-            update(path, lambda d: d.update(protocol={**QUICK, "commit": head, "pins": pins}))
-            done = {cell_key(r) for r in load(path)["rows"]}
-            cells = [c for c in protocol_cells(QUICK) if c not in done]
-            if importlib.util.find_spec("stable_baselines3") is None:
-                print("stable-baselines3 is not installed: sb3-td3 left out", flush=True)
-                cells = [c for c in cells if c[1] != "sb3-td3"]
-            code = run_cells(cells, QUICK, path, runs_dir, None, TIMEOUT_MIN["quick"], None, dev=False)
-            print(report(path))
-            return code
         elif args.cells:
             return run_cells(parse_cells(args.cells), PROTOCOL, out / "learning-protocol-dev.json",
                              out / "learning-protocol-dev", args.max_hours, TIMEOUT_MIN["full"], ROOT, dev=True)
-        elif args.run:
+        elif args.run or args.quick:
+            protocol = QUICK if args.quick else PROTOCOL
+            if args.quick:  # the machinery only: the commit as it is, the installed versions as the pins
+                block = {**QUICK, "commit": git(ROOT, "rev-parse", "HEAD").stdout.strip(),
+                         "pins": {n: package_versions().get(n) for n in PINS}}
+                update(path, lambda d: d.update(protocol=block))
             data = load(path)
-            if data["protocol"] is None:
-                raise Refused(f"{path.name} declares no protocol: run --declare COMMIT first")
-            if {k: v for k, v in data["protocol"].items() if k not in ("commit", "pins")} != \
-                    json.loads(json.dumps(PROTOCOL)):
-                raise Refused("this code's PROTOCOL differs from the declared one")
-            why = git_refusals(ROOT, data["protocol"]["commit"]) + [
-                f"{n} {package_versions().get(n)} is installed, the protocol pins {p}"
-                for n, p in data["protocol"]["pins"].items() if package_versions().get(n) != p]
-            if why:
-                raise Refused("; ".join(why))
+            if not args.quick:
+                check_start(data, path)
             done = {cell_key(r) for r in data["rows"]}
-            cells = [c for c in protocol_cells(PROTOCOL) if c not in done]
+            cells = [c for c in protocol_cells(protocol) if c not in done]
             print(f"{len(done)} cells recorded, {len(cells)} pending, {len(data['crashes'])} crashes so far", flush=True)
-            return run_cells(cells, PROTOCOL, path, runs_dir, args.max_hours, TIMEOUT_MIN["full"], ROOT, dev=False)
+            if args.quick and importlib.util.find_spec("stable_baselines3") is None:
+                print("stable-baselines3 is not installed: sb3-td3 left out", flush=True)
+                cells = [c for c in cells if c[1] != "sb3-td3"]
+            code = run_cells(cells, protocol, path, runs_dir, args.max_hours, TIMEOUT_MIN["quick" if args.quick else "full"],
+                             None if args.quick else ROOT, dev=False)
+            if args.quick:
+                print(report(path))
+            return code
         elif args.report:
             print(report(path))
         else:

@@ -178,11 +178,6 @@ def test_statistics_on_made_up_scores():
     assert learning.summarise(made, learning.PROTOCOL) == learning.summarise(made, learning.PROTOCOL)  # seeded
 
 
-def test_dev_table_reads_the_development_rows():
-    table = learning.dev_table()
-    assert "| HalfCheetah-v5 | aesrl |" in table and "| Hopper-v5 | td3 |" in table
-
-
 @pytest.mark.slow
 def test_quick_scores_snapshots_in_a_temporary_folder():
     before = committed_results()
