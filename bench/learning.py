@@ -124,8 +124,6 @@ def row_refusals(row: dict[str, Any], protocol: dict[str, Any]) -> list[str]:
         out.append(f"seed {row['seed']} is not a report seed of {row['algo']} (development seeds go to the dev file)")
     out += [f"{n} {row['versions'].get(n)} is installed, the protocol pins {p}"
             for n, p in protocol["pins"].items() if row["versions"].get(n) != p]
-    if row.get("commit") != protocol["commit"]:
-        out.append(f"the row ran at {row.get('commit')}, the protocol declares {protocol['commit']}")
     return out
 
 
@@ -179,6 +177,8 @@ def record(path: Path, row: dict[str, Any], repo: Path | None = ROOT) -> None:
         if protocol is None:
             raise Refused(f"{path.name} declares no protocol: run --declare COMMIT first")
         why = row_refusals(row, protocol) + (git_refusals(repo, protocol["commit"]) if repo is not None else [])
+        if repo is not None and row.get("commit") != protocol["commit"]:
+            why.append(f"the row ran at {row.get('commit')}, the protocol declares {protocol['commit']}")
         if why:
             raise Refused("; ".join(why))
         if any(cell_key(r) == cell_key(row) for r in data["rows"]):
@@ -199,7 +199,7 @@ def protocol_cells(protocol: dict[str, Any]) -> list[tuple[str, str, int]]:
             if seed in protocol["seeds"][algo]]
 
 
-def cell_settings(algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
+def cell_settings(algo: str, protocol: dict[str, Any]) -> dict[str, Any]:  # the shared settings, then the algo's
     return {**protocol["shared"], **(protocol["algos"].get(algo) or ABLATIONS[algo])}
 
 
