@@ -9,7 +9,11 @@ mean_eval_episodes: 5 on MuJoCo); their mean return is its f(μ).
 
 The output is a run folder that `cli.plot.load_run` (and `aesrl-queue plot`) reads: config.json and
 metrics.jsonl with one {"type": "mu_eval", "steps", "interactions", "elapsed", "f_mu"} per evaluation,
-where interactions = training steps + every evaluation step so far.
+where interactions = training steps + every evaluation step so far. With `--snapshot-steps N,...`
+(and `--snapshot-interactions`), the actor after training step N is written as
+snapshots/steps-N.npz (interactions-N.npz) in the layout of `aesrl-queue run`'s snapshots, so the
+learning protocol scores it like every other algorithm's; the interactions it needs to learn are its
+training steps (its evaluation episodes only report progress), so both files hold the same actor.
 
 SB3 is a benchmark dependency only (`pip install -e .[bench]`); nothing in the package imports it.
 
@@ -41,6 +45,7 @@ from torch import nn  # noqa: E402
 
 import aesrl_queue.envs  # noqa: E402,F401  (registers the project's test environments)
 from aesrl_queue.config import RunConfig  # noqa: E402
+from aesrl_queue.nets import NetSpec  # noqa: E402
 
 LEAKY_SLOPE = 0.01  # aesrl_queue.numpy_actor.LEAKY_SLOPE, nn.LeakyReLU's default
 
@@ -80,19 +85,46 @@ def evaluate(model: TD3, env: gym.Env, episodes: int, seed: int) -> tuple[float,
     return float(np.mean(returns)), steps
 
 
-class EvalCallback(BaseCallback):
-    """Evaluates at the given training steps and appends a mu_eval record to metrics.jsonl."""
+def actor_flat(model: TD3) -> np.ndarray:
+    """The actor's parameters in aesrl_queue's flat layout: each Linear's weight (out, in) row-major,
+    then its bias. SB3's actor ends in tanh and scales to the action bounds, as ours does."""
+    layers = [m for m in model.actor.mu if isinstance(m, nn.Linear)]
+    return np.concatenate([t.detach().cpu().numpy().reshape(-1) for m in layers for t in (m.weight, m.bias)])
 
-    def __init__(self, env_id: str, points: set[int], episodes: int, seed: int, metrics: Path) -> None:
+
+def write_snapshot(model: TD3, cfg: RunConfig, path: Path) -> None:
+    """`path` as `aesrl-queue run` writes a snapshot (config, mu, version), after checking that our
+    numpy actor with these parameters acts as SB3's deterministic policy does."""
+    flat = actor_flat(model).astype(np.float32)
+    actor = NetSpec.from_config(cfg).make_numpy_actor()
+    actor.set_params(flat)
+    obs = np.asarray(model.get_env().observation_space.sample(), dtype=np.float64)
+    ours, theirs = actor.act(obs), model.predict(obs, deterministic=True)[0]
+    if not np.allclose(ours, theirs, atol=1e-4):
+        raise RuntimeError(f"snapshot layout: our actor gives {ours}, SB3's {theirs}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, config=json.dumps(cfg.to_dict(), default=str), mu=flat, var=np.zeros_like(flat), version=0,
+             steps=model.num_timesteps, needed_interactions=model.num_timesteps)
+
+
+class EvalCallback(BaseCallback):
+    """Evaluates at the given training steps and appends a mu_eval record to metrics.jsonl; writes the
+    snapshots of `snapshots` ({step: [file names]}) under `out`."""
+
+    def __init__(self, env_id: str, points: set[int], episodes: int, seed: int, metrics: Path,
+                 cfg: RunConfig | None = None, snapshots: dict[int, list[str]] | None = None) -> None:
         super().__init__()
         self.eval_env = gym.make(env_id)
         self.points, self.episodes, self.seed = points, episodes, seed
         self.metrics = metrics
+        self.cfg, self.snapshots = cfg, snapshots or {}
         self.eval_steps = 0
         self.t0 = time.time()
 
     def _on_step(self) -> bool:
         steps = self.num_timesteps
+        for name in self.snapshots.get(steps, ()):
+            write_snapshot(self.model, self.cfg, self.metrics.parent / "snapshots" / name)
         if steps in self.points:
             f_mu, used = evaluate(self.model, self.eval_env, self.episodes, seed=self.seed * 1000 + steps)
             self.eval_steps += used
@@ -118,12 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-episodes", type=int, default=None,
                     help="episodes per evaluation (default: mean_eval_episodes, as our td3: 5 on MuJoCo)")
     ap.add_argument("--config", type=Path, default=None, help="JSON of RunConfig fields (as `aesrl-queue run`)")
+    ap.add_argument("--snapshot-steps", default="", help="N,N,...: the actor after training step N to "
+                    "snapshots/steps-N.npz")
+    ap.add_argument("--snapshot-interactions", default="", help="N,N,...: the same as interactions-N.npz "
+                    "(its needed interactions are its training steps)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
     overrides = json.loads(args.config.read_text()) if args.config else {}
-    overrides.update(algo="td3", total_steps=args.steps, seed=args.seed, hidden=args.hidden,
-                     critic_hidden=args.critic_hidden, td3_start_steps=args.start_steps)
+    options = dict(hidden=args.hidden, critic_hidden=args.critic_hidden, td3_start_steps=args.start_steps)
+    overrides.update(algo="td3", total_steps=args.steps, seed=args.seed,
+                     **{k: v for k, v in options.items() if v is not None})  # an option not given keeps the file's
     cfg = RunConfig.from_preset(args.env, **overrides).resolve()
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     # at 25/50/100 % of the budget.
     n, start = cfg.total_steps, cfg.td3_start_steps
     points = {p for p in range(args.eval_every, n + 1, args.eval_every) if p >= start} | {n // 4, n // 2, n}
-    callback = EvalCallback(cfg.env_id, points, settings["eval_episodes"], cfg.seed, metrics)
+    snapshots: dict[int, list[str]] = {}
+    for kind, text in (("steps", args.snapshot_steps), ("interactions", args.snapshot_interactions)):
+        for mark in sorted({int(x) for x in text.split(",") if x.strip()}):
+            if mark <= cfg.total_steps:  # a milestone past the budget is never reached
+                snapshots.setdefault(mark, []).append(f"{kind}-{mark}.npz")
+    callback = EvalCallback(cfg.env_id, points, settings["eval_episodes"], cfg.seed, metrics, cfg, snapshots)
     model.learn(total_timesteps=n, callback=callback)
     summary = {"status": "finished", "steps": model.num_timesteps,
                "interactions": model.num_timesteps + callback.eval_steps, "eval_interactions": callback.eval_steps,

@@ -257,28 +257,73 @@ def echo(message: str = "", err: bool = False) -> bool:
         return False
 
 
-def write_policy(run_dir: Path, store: Store) -> Path:
-    """policy.npz: the current μ and var (and the best individual when kept), replaced atomically,
-    so that a crash while writing a snapshot leaves the previous one intact."""
+def write_policy(run_dir: Path, store: Store, name: str = "policy.npz") -> Path:
+    """policy.npz (or `name` under the run folder): the current μ and var (td3: its actor; and the best
+    individual when kept), replaced atomically, so that a crash while writing a snapshot leaves the
+    previous one intact."""
     cfg = store.config()
     version = store.current_version()
     mu, var = store.read_dist(version)
     st = store.state()
     arrays: dict[str, Any] = {"mu": mu, "var": var, "version": version, "f_mu": st.get("f_mu", math.nan),
-                              "f_mu_version": st.get("f_mu_version", -1), "steps": st.get("steps", 0)}
+                              "f_mu_version": st.get("f_mu_version", -1), "steps": st.get("steps", 0),
+                              "interactions": st.get("interactions", 0),
+                              "needed_interactions": needed_interactions(cfg, st)}
     best = store.read_best()
     if best is not None:
         arrays.update(best=best["params"], best_fitness=best.get("fitness", math.nan),
                       best_kind=str(best.get("kind", "")), best_job=str(best.get("job", "")))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "policy.npz"
-    tmp = run_dir / ".policy.npz.tmp"
+    path = run_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as fh:
         np.savez(fh, config=json.dumps(cfg.to_dict(), default=json_default), **arrays)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     return path
+
+
+def needed_interactions(cfg: RunConfig, st: dict[str, Any]) -> int:
+    """The environment steps a run needed to learn so far: every stored step, plus, for the
+    asynchronous loops (aesrl, es, opo, acemrl), the unstored f(μ) episodes their update rule
+    compares each individual with. td3's and the CEM-RL loops' f(μ) episodes only report progress,
+    so they are left out here (the run's `interactions` counts every env step, those included)."""
+    from aesrl_queue.optimizers import ASYNC_ALGOS
+
+    return int(st.get("interactions", 0)) if cfg.algo in ASYNC_ALGOS else int(st.get("steps", 0))
+
+
+class Milestones:
+    """`run --snapshot-steps/--snapshot-interactions`: the policy (as policy.npz holds it) written to
+    snapshots/steps-N.npz when the stored steps first reach N, and to snapshots/interactions-N.npz
+    when the needed interactions (needed_interactions) first do. The launcher checks once a second
+    and the counters move one finished episode at a time, so a snapshot is the policy of the first
+    check at or past N: up to one second and one episode per worker late; the npz records the
+    counters it was taken at. td3's actor is the one it evaluated last, at the first episode end
+    past each multiple of td3_eval_every. A milestone whose file exists (a resumed run) is kept."""
+
+    def __init__(self, run_dir: Path, steps=(), interactions=()) -> None:
+        self.dir = run_dir / "snapshots"
+        self.todo = [(kind, int(n)) for kind, ns in (("steps", steps), ("interactions", interactions))
+                     for n in sorted(set(ns)) if not (self.dir / f"{kind}-{int(n)}.npz").exists()]
+
+    def check(self, run_dir: Path, store: Store) -> list[Path]:
+        if not self.todo:
+            return []
+        st = store.state()
+        now = {"steps": int(st.get("steps", 0)), "interactions": needed_interactions(store.config(), st)}
+        due = [(kind, n) for kind, n in self.todo if now[kind] >= n]
+        for item in due:
+            self.todo.remove(item)
+        return [write_policy(run_dir, store, f"snapshots/{kind}-{n}.npz") for kind, n in due]
+
+
+def _milestones(milestones: Milestones, run_dir: Path, store: Store, view: ProgressView) -> None:
+    try:
+        milestones.check(run_dir, store)
+    except Exception as exc:  # noqa: BLE001 - a failed snapshot must not end the run
+        view.say(f"warning: milestone snapshot failed: {exc}")
 
 
 def write_run_folder(run_dir: Path, store: Store) -> dict:
@@ -357,7 +402,8 @@ class Refused(Exception):
 
 def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir: str, start_critic: bool = True,
            tensorboard_dir: str | None = None, resume=None, snapshot_every: float = 600.0,
-           run_dir: Path | None = None, wandb_project: str | None = None) -> int:
+           run_dir: Path | None = None, wandb_project: str | None = None, snapshot_steps=(),
+           snapshot_interactions=()) -> int:
     """Start everything, show progress, stop everything, write the run folder; the exit code.
 
     `resume(store) -> (cfg, notes)` resumes the run in `run_dir` (cfg None): its embedded Redis
@@ -420,6 +466,7 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
         echo(f"run {cfg.run_id}: {cfg.algo} on {cfg.env_id}, {n_workers} workers, budget {cfg.total_steps:,} "
              f"steps; logs in {run_dir / 'logs'}" + (f"; TensorBoard in {tb_dir}" if tb_dir else ""), err=True)
         view = ProgressView(cfg, store.state()["steps"])
+        milestones = Milestones(run_dir, snapshot_steps, snapshot_interactions)
         last_snapshot = time.monotonic()
         while sched.poll() is None:
             time.sleep(1.0)
@@ -437,6 +484,8 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
                     write_policy(run_dir, store)
                 except Exception as exc:  # noqa: BLE001 - a failed snapshot must not end the run
                     view.say(f"warning: policy snapshot failed: {exc}")
+            _milestones(milestones, run_dir, store, view)
+        _milestones(milestones, run_dir, store, view)  # those the last episodes reached after the last check
         view.update(store.state(), force=True)
         code = 0 if sched.returncode == 0 else 1
         if code:

@@ -450,6 +450,12 @@ def runs(redis_url) -> None:
 @click.option("--force", is_flag=True, help="Delete an existing run of the same --run-id (folder and Redis) first.")
 @click.option("--snapshot-every", type=float, default=10.0,
               help="Minutes between policy.npz snapshots of the current μ (0: only at the end).")
+@click.option("--snapshot-steps", default="", metavar="N,N,...",
+              help="Also write the policy to snapshots/steps-N.npz when the stored steps first reach each N "
+                   "(checked once a second, so up to a second and an episode per worker late).")
+@click.option("--snapshot-interactions", default="", metavar="N,N,...",
+              help="The same at N needed interactions, snapshots/interactions-N.npz: stored steps plus the f(μ) "
+                   "episodes of aesrl/es/opo/acemrl (td3's and CEM-RL's evaluation episodes left out).")
 @click.option("--no-critic", is_flag=True, help="Do not start a local critic daemon (one runs elsewhere).")
 @click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
               help="Write TensorBoard scalars to DIR/<run-id> (needs the tensorboard extra).")
@@ -457,7 +463,7 @@ def runs(redis_url) -> None:
               help="Also log the metrics to this Weights & Biases project (needs the wandb extra; "
                    "WANDB_MODE=offline works without a network).")
 def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, snapshot_every, no_critic,
-            tensorboard_dir=None, wandb_project=None, **kw) -> None:
+            tensorboard_dir=None, wandb_project=None, snapshot_steps="", snapshot_interactions="", **kw) -> None:
     """Everything on one machine: embedded Redis, scheduler, critic daemon and N workers.
 
     Shows progress, and at the end (or on Ctrl-C) stops every child and writes a run folder with
@@ -473,6 +479,14 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
         fail("workers: must be at least 1")
     if snapshot_every < 0:
         fail("snapshot_every: must be 0 (off) or a number of minutes")
+    marks = {}
+    for name, text in (("snapshot_steps", snapshot_steps), ("snapshot_interactions", snapshot_interactions)):
+        try:
+            marks[name] = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            fail(f"{name}: expected comma-separated whole numbers, got {text!r}")
+        if any(n <= 0 for n in marks[name]):
+            fail(f"{name}: every milestone must be positive")
     if resume and force:
         fail("force: --resume continues a run, --force deletes one; pass one of them")
     client = _connect(redis_url) if redis_url else None  # before any folder is made
@@ -498,7 +512,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
 
         code = launch(None, n_workers=n, redis_url=redis_url, out_dir=str(run_dir.parent),
                       start_critic=not no_critic, tensorboard_dir=tensorboard_dir, resume=check,
-                      snapshot_every=snapshot_every * 60.0, run_dir=run_dir, wandb_project=wandb_project)
+                      snapshot_every=snapshot_every * 60.0, run_dir=run_dir, wandb_project=wandb_project, **marks)
         sys.exit(code)
     cfg = build_config(env_id, config_file, **kw)
     run_dir = Path(out_dir) / cfg.run_id
@@ -514,7 +528,8 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
             keys = Store(client, cfg.run_id).delete()
             click.echo(f"--force: deleted run {cfg.run_id} from {redact(redis_url)} ({keys} keys)", err=True)
     code = launch(cfg, n_workers=n, redis_url=redis_url, out_dir=out_dir, start_critic=not no_critic,
-                  tensorboard_dir=tensorboard_dir, snapshot_every=snapshot_every * 60.0, wandb_project=wandb_project)
+                  tensorboard_dir=tensorboard_dir, snapshot_every=snapshot_every * 60.0, wandb_project=wandb_project,
+                  **marks)
     sys.exit(code)
 
 

@@ -169,7 +169,9 @@ class TD3Baseline:
                     self.f_mu = float(np.mean(ev.returns))
                     store.incr("interactions", int(sum(ev.lengths)))
                     self.interactions += int(sum(ev.lengths))
-                    self.next_eval = self.total + cfg.td3_eval_every
+                    # the next multiple of td3_eval_every: evaluations (and the actor that `run
+                    # --snapshot-steps` writes) fall at the first episode end past each multiple
+                    self.next_eval = (self.total // cfg.td3_eval_every + 1) * cfg.td3_eval_every
                     self.version += 1
                     evaluated = True
                 self._record(transitions, ep_ret, ep_len, evaluated, t0)
