@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -124,18 +123,8 @@ def critic_update(
     return {"loss": loss, "q1_mean": q1_mean}
 
 
-def _actor_step(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimizer, obs: torch.Tensor,
-                anchor: tuple[float, nn.Module, float] | None = None) -> torch.Tensor:
-    act = actor(obs)
-    q = critic.q1(obs, act)
-    if anchor is None:
-        loss = -q.mean()
-    else:  # (α, the starting actor, max_action): TD3+BC's normalised Q plus a pull back to the start
-        alpha, start, max_action = anchor
-        with torch.no_grad():
-            ref = start(obs)
-        q_scale = q.abs().mean().detach().clamp_min(1e-6)
-        loss = -alpha * q.mean() / q_scale + (((act - ref) / max_action) ** 2).mean()
+def _actor_step(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
+    loss = -critic.q1(obs, actor(obs)).mean()
     params = [p for p in actor.parameters() if p.requires_grad]
     # Gradients w.r.t. the actor only: nothing accumulates on the critic, whether or not its
     # parameters require grad, and autograd skips the critic's weight gradients entirely.
@@ -151,12 +140,6 @@ def actor_update(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimi
     return float(_actor_step(actor, critic, actor_opt, obs).item())
 
 
-@torch.no_grad()
-def action_change(actor: nn.Module, start: nn.Module, obs: torch.Tensor, max_action: float) -> float:
-    """Root mean square difference of two actors' actions on obs, as a fraction of max_action."""
-    return float(torch.sqrt(torch.mean((actor(obs) - start(obs)) ** 2)).item()) / max_action
-
-
 def train_actor(
     flat_params: np.ndarray,
     spec: NetSpec,
@@ -166,47 +149,20 @@ def train_actor(
     batch_size: int = 256,
     lr: float = 1e-3,
     device: str | torch.device = "cpu",
-    max_action_change: float = 0.0,
-    info: dict | None = None,
-    anchor: float = 0.0,
 ) -> np.ndarray:
     """Train an actor from flat_params against a fixed critic's Q1 with a fresh Adam (an RL job).
 
     The critic is moved to device and left with requires_grad as it was. Returns float32 params.
-
-    max_action_change > 0 is a trust region: after every actor step the root mean square change of
-    the actions on that step's batch, from the starting actor's and as a fraction of max_action, is
-    measured; at the first step above it training stops and that step is undone (a fresh Adam's
-    first steps at lr 1e-3 move a 256-256 actor's actions by tenths of the bound, so the check is
-    per step). `info`, when given, receives "steps" (the steps kept) and "action_change" (their
-    change).
-
-    anchor = α > 0 keeps the actor near where it started, on the states it trains on (TD3+BC's actor
-    loss with the starting actor's actions in place of the data's): each step minimises
-    −α·Q1(s, π(s)) / mean|Q1| + mean((π(s) − π₀(s))² / max_action²). The Q term is normalised, so α
-    weighs the critic's relative promise against the squared action change whatever the reward units;
-    the smaller α, the nearer the start the actor stays.
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    if not (math.isfinite(max_action_change) and max_action_change >= 0):
-        raise ValueError(f"max_action_change must be >= 0, got {max_action_change}")
-    if not (math.isfinite(anchor) and anchor >= 0):
-        raise ValueError(f"anchor must be >= 0, got {anchor}")
     device = torch.device(device)
     actor = spec.make_actor()
     set_flat(actor, flat_params)
     actor.to(device)
     critic.to(device)
-    start = None
-    if max_action_change > 0 or anchor > 0:
-        start = spec.make_actor()
-        set_flat(start, flat_params)
-        start.to(device).requires_grad_(False)
-    pull = (anchor, start, spec.max_action) if anchor > 0 else None
     opt = torch.optim.Adam(actor.parameters(), lr=lr)
     loss = None
-    kept, change = 0, 0.0
     for step in range(steps):
         obs = sample_obs(batch_size)
         # A tensor (e.g. from a replay buffer already on the device) skips the numpy round trip.
@@ -218,22 +174,9 @@ def train_actor(
             raise ValueError(
                 f"sample_obs({batch_size}) returned shape {tuple(obs_t.shape)}, expected (N, {spec.obs_dim})"
             )
-        # the parameters before this step, as tensors on the device (no copy to numpy per step)
-        before = [p.detach().clone() for p in actor.parameters()] if max_action_change > 0 else None
-        loss = _actor_step(actor, critic, opt, obs_t, pull)
+        loss = _actor_step(actor, critic, opt, obs_t)
         if step == 0:
             log.debug("train_actor: first loss %.4g", float(loss))
-        if max_action_change > 0:
-            step_change = action_change(actor, start, obs_t, spec.max_action)
-            if step_change > max_action_change:
-                with torch.no_grad():  # out of the region: undo this step and stop
-                    for param, old in zip(actor.parameters(), before, strict=True):
-                        param.copy_(old)
-                break
-            change = step_change
-        kept = step + 1
-    if info is not None:
-        info.update(steps=kept, action_change=change)
     flat = get_flat(actor)
     if not np.isfinite(flat).all():
         raise ValueError(f"train_actor produced non-finite parameters after {steps} steps")

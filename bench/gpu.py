@@ -287,8 +287,6 @@ def read_race(out: Path, minutes: float, algos: tuple[str, ...] = RACE_ALGOS) ->
             "critic_steps_per_s": float(np.median(crit)) if crit else None,
             "rl_job_s": float(np.mean(jobs["rl"])) if jobs["rl"] else None, "rl_jobs": len(jobs["rl"]),
             "es_job_s": float(np.mean(jobs["es"])) if jobs["es"] else None, "es_jobs": len(jobs["es"]),
-            "rl_trained": float(np.mean([r["rl_trained"] for r in ups if r.get("kind") == "rl" and r.get("rl_trained")]
-                                        or [math.nan])),
         }
     return res
 
@@ -330,8 +328,7 @@ def race_tables(res: dict) -> str:
     lines.append(f"stored steps per minute: {rates}; the paper's Table 1 (1M HalfCheetah-v2 steps): {paper}")
     if a.get("critic_steps_per_s") is not None or a.get("rl_job_s") is not None:
         lines.append(f"aesrl critic daemon: median {a.get('critic_steps_per_s') or math.nan:.0f} steps/s; RL jobs: "
-                     f"{a.get('rl_jobs')} of mean {a.get('rl_job_s') or math.nan:.2f} s ({a.get('rl_trained') or math.nan:.0f} actor "
-                     f"steps kept on average); ES jobs: {a.get('es_jobs')} of mean {a.get('es_job_s') or math.nan:.2f} s")
+                     f"{a.get('rl_jobs')} of mean {a.get('rl_job_s') or math.nan:.2f} s; ES jobs: {a.get('es_jobs')} of mean {a.get('es_job_s') or math.nan:.2f} s")
     return "\n".join(lines)
 
 

@@ -399,7 +399,7 @@ def entry_bytes(fields: dict) -> int:
 def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: tuple[int, ...], n_apply: int,
                 n_breakdown: int, warm: int) -> dict[str, Any]:
     from aesrl_queue import kernels, noise
-    from scheduler.common import job_seed
+    from aesrl_queue.optimizers.base import job_seed
     from scheduler.loop import Scheduler
 
     # A fixed r and baseline-relative (not es's adaptive scale and fixed-linear): every result then

@@ -36,7 +36,7 @@ from aesrl_queue.optimizers import (
 )
 from aesrl_queue.optimizers.base import finite
 from aesrl_queue.store import Result, Store
-from scheduler.common import Dispatcher, DistCache
+from scheduler.dispatch import Dispatcher, DistCache
 
 log = logging.getLogger(__name__)
 

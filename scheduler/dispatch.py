@@ -1,6 +1,5 @@
-"""Steps that every scheduler loop shares: dispatching jobs onto RQ, reading results, lost-job checks.
-
-The asynchronous loop and the synchronous baselines differ only in when they ask and when they tell.
+"""What the scheduler loop (scheduler/loop.py) does with RQ and Redis besides telling results:
+dispatching jobs, reading results, finding lost jobs, and caching μ/σ of recent versions.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from rq.serializers import JSONSerializer
 from aesrl_queue import kernels, noise
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
-from aesrl_queue.optimizers.base import finite, job_id, job_seed  # noqa: F401  (job_seed: re-exported)
+from aesrl_queue.optimizers.base import job_id
 from aesrl_queue.store import (
     QUEUE_ES,
     QUEUE_RL,
