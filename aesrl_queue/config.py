@@ -391,7 +391,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "AesrlNaN": {"initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16)},
 }
 # Per-algorithm settings, applied over the environment preset. td3, cemrl and pcemrl take their
-# official configs (shared/reference, §4.2): TD3 256-256 at lr 3e-4; CEM-RL batch 100; a 10⁶ replay.
+# official code's configs (KyunghyunLee/aes-rl): TD3 256-256 at lr 3e-4; CEM-RL batch 100; a 10⁶ replay.
 # es and aesrl take this project's departures; the measurements behind each number are in
 # docs/performance.md (appendix) and the reasons in docs/decisions.md.
 ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
