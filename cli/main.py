@@ -549,15 +549,21 @@ def _check_extras(tensorboard_dir, wandb_project) -> None:
 @click.option("--x", "x_axis", type=click.Choice(["steps", "interactions"]), default="steps",
               help="x-axis of the f(μ) curve: stored steps (the paper's), or every environment interaction "
                    "(μ evaluations included).")
-def plot(run_folders, out, title, x_axis) -> None:
+@click.option("--label", "label_fields", default=None, metavar="FIELD,...",
+              help="Config fields to name in each curve's label, e.g. mean_rule,rl_ratio (default: the "
+                   "algorithm alone, and what tells apart runs of one algorithm); --label seed draws a curve per seed.")
+def plot(run_folders, out, title, x_axis, label_fields) -> None:
     """Learning curves (f(μ) vs stored steps and vs wall clock) and the ES/RL interaction chart of run folders.
 
     Runs whose configs differ only by seed are drawn as one curve: the mean with a ±1 std band.
     """
-    from cli.plot import PlotError, plot_runs
+    from cli.plot import LabelError, PlotError, plot_runs
 
+    fields = [f.strip() for f in (label_fields or "").split(",") if f.strip()]
     try:
-        drawn = plot_runs(list(run_folders), out, title=title, x_axis=x_axis)
+        drawn = plot_runs(list(run_folders), out, title=title, x_axis=x_axis, label_fields=fields)
+    except LabelError as exc:
+        fail(str(exc))
     except PlotError as exc:
         fail(str(exc), code=1)
     for why in drawn["skipped"]:
