@@ -238,3 +238,6 @@ def test_plot_label_option_names_fields_and_refuses_unknown_ones(tmp_path):
     res = subprocess.run([*run, "--label", "mean_rule,nosuch"], capture_output=True, text=True, env=child_env(),
                          cwd=ROOT, timeout=120)
     assert res.returncode == 2 and "no run's config has nosuch" in res.stderr, res.stderr
+    # With no -o, the PNG goes beside the run folders it compares.
+    res = subprocess.run(run[:-2], capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    assert res.returncode == 0 and (tmp_path / "curves.png").is_file(), res.stderr
