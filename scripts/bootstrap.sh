@@ -35,7 +35,7 @@ stamp=.venv/.aesrl-installed
 if stale "$stamp"; then
     t0=$SECONDS
     echo "aesrl-queue: installing into .venv: $TORCH_SPEC${TORCH_INDEX:+ from $TORCH_INDEX} and the runtime" \
-         "dependencies of setup.cfg (numpy, gymnasium[mujoco], redis, rq, ...);" \
+         "dependencies of setup.cfg (numpy, gymnasium, mujoco-core, redis, rq, ...);" \
          "the first time this takes a few minutes" >&2
     if [ ! -x .venv/bin/python ]; then
         "$PY" -m venv .venv
