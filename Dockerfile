@@ -1,4 +1,5 @@
-# The image every service of docker-compose.yml runs: the project, its torch and the tensorboard extra.
+# The image every service of docker-compose.yml runs: the project, its torch, and the tensorboard, numba
+# (the scheduler's compiled update) and plot extras.
 # Build: docker compose build   (or: docker build -t aesrl-queue .)
 # torch from the default index is the CUDA build, which the GPU critic needs and which also runs on
 # CPU; pass --build-arg TORCH_SPEC=... (and PIP_INDEX_URL) for a smaller CPU-only image.
@@ -17,6 +18,6 @@ COPY aesrl_queue aesrl_queue
 COPY workers workers
 COPY scheduler scheduler
 COPY cli cli
-RUN pip install --no-cache-dir ".[tensorboard]"
+RUN pip install --no-cache-dir ".[tensorboard,numba,plot]"
 
 CMD ["aesrl-queue", "--help"]

@@ -52,8 +52,8 @@ def get_env(env_id: str, **kwargs: Any) -> gym.Env:
             # Unregistered, misspelt, malformed or missing its package (e.g. mujoco).
             raise ValueError(
                 f"cannot make environment {env_id!r}: {exc}. Hint: check the name and version against "
-                f"gymnasium's registry (e.g. 'HalfCheetah-v5', 'Pendulum-v1'); this project's test "
-                f"environments are {', '.join(aesrl_queue.envs.ENV_IDS)}"
+                f"gymnasium's registry (e.g. 'HalfCheetah-v5', 'Pendulum-v1'), or name your own as "
+                f"'package.module:EnvName-v0'"
             ) from exc
         _ENV_CACHE[key] = env
         log.debug("created environment %s %s", env_id, kwargs or "")

@@ -535,8 +535,8 @@ def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: Metric
     if metrics is not None:
         lines.append(f"  metrics          {metrics.records:,} records in {metrics.path}")
     lines.append(f"  run folder       {run_dir}")
-    lines.append(f"  next             aesrl-queue plot {run_dir} -o curves.png   |   "
-                 f"aesrl-queue export {run_dir} -o policy.pt")
+    lines.append(f"  next             aesrl-queue plot {run_dir}   |   "
+                 f"aesrl-queue export {run_dir}")
     for line in lines:
         if not echo(line):  # stdout closed (`| head -2`): say once, on stderr, where the results are
             echo(f"stdout closed; the run folder is {run_dir}", err=True)

@@ -71,13 +71,34 @@ def cli(log_level: str) -> None:
 
 
 # -- run-config options shared by `run` and `scheduler start` ----------------------------------------
+def _preset_default(field: str, fmt) -> str:
+    """`default: ...` for a field that the environment's preset (and --algo td3) may set: the value
+    for the paper's MuJoCo environments first, then each preset that differs."""
+    import dataclasses
+
+    from aesrl_queue.config import ALGO_DEFAULTS, PAPER_ENVS, preset_for
+
+    base = next(f.default for f in dataclasses.fields(RunConfig) if f.name == field)
+    parts = [f"{fmt(base)} for MuJoCo"]
+    for stem, env in [(e, e) for e in PAPER_ENVS] + [("Pendulum", "Pendulum-v1")]:
+        value = preset_for(stem).get(field, base)
+        if value != base:
+            parts.append(f"{fmt(value)} for {env}")
+    parts += [f"{fmt(d[field])} with --algo {a}" for a, d in ALGO_DEFAULTS.items() if field in d]
+    return "default: the environment's preset, " + ", ".join(parts)
+
+
+def _sizes(v) -> str:
+    return ",".join(map(str, v))
+
+
 def config_options(f):
     opts = [
         click.option("--env", "env_id", default=None, help="Gymnasium environment id, e.g. HalfCheetah-v5, Pendulum-v1."),
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="TOML or JSON file of config fields (command-line options override it)."),
         click.option("--algo", type=click.Choice(ALGOS), default=None, help="Algorithm (default aesrl)."),
-        click.option("--steps", "total_steps", type=int, default=None, help="Budget of stored env steps (preset default)."),
+        click.option("--steps", "total_steps", type=int, default=None, help=f"Budget of stored env steps ({_preset_default('total_steps', '{:,}'.format)})."),
         click.option("--seed", type=int, default=None, help="Run seed (μ₀ and every job seed derive from it)."),
         click.option("--mean-rule", type=click.Choice(MEAN_RULES), default=None, help="AES-RL mean update rule."),
         click.option("--var-rule", type=click.Choice(VAR_RULES), default=None, help="AES-RL variance update rule."),
@@ -91,8 +112,8 @@ def config_options(f):
         click.option("--fixed-n", type=float, default=None, help="n of the fixed variance rule (default 10)."),
         click.option("--rl-ratio", type=float, default=None, help="Target share of RL individuals ρ* (default 0.5)."),
         click.option("--rl-gain", type=float, default=None, help="Gain K of the P controller (default 50)."),
-        click.option("--initial-steps", type=int, default=None, help="Random-action steps before the first RL job."),
-        click.option("--hidden", default=None, help="Actor hidden sizes, e.g. 400,300 (preset default)."),
+        click.option("--initial-steps", type=int, default=None, help=f"Random-action steps before the first RL job ({_preset_default('initial_steps', '{:,}'.format)})."),
+        click.option("--hidden", default=None, help=f"Actor hidden sizes, e.g. 400,300 ({_preset_default('hidden', _sizes)})."),
         click.option("--critic-hidden", default=None, help="Critic hidden sizes, e.g. 400,300."),
         click.option("--parallel-critic/--serial-critic", "parallel_critic", default=None,
                      help="pcemrl: train the critic in the critic daemon while jobs run (default: serial, "
@@ -212,7 +233,9 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
             fail(f"run: the stored config of {run!r} is unusable: {exc}")
         given = given_options(env_id, config_file, {k: v for k, v in kw.items() if k != "run_id" or v != run})
         cfg = _check_resume(store, stored, given)
-        click.echo(f"resuming run {run} ({cfg.algo} on {cfg.env_id})", err=True)
+        # `aesrl-queue run` writes a new run's config, then starts this scheduler with --run.
+        started = "started_at" in store.state()
+        click.echo(f"{'resuming' if started else 'starting'} run {run} ({cfg.algo} on {cfg.env_id})", err=True)
     else:
         cfg = build_config(env_id, config_file, **kw)
     stop = threading.Event()
@@ -356,6 +379,7 @@ def worker(redis_url, processes, burst, read_url) -> None:
 
     if processes < 1:
         fail("processes: must be at least 1")
+    _check_rq()
     primary = _connect(redis_url)
     url = resolve_url(redis_url)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -404,7 +428,11 @@ def status(redis_url, run, watch, until_done, interval, as_json) -> None:
     if run is None:
         runs = list_runs(client)
         if not runs:
-            fail("run: no runs on this Redis yet", code=1)
+            from aesrl_queue.connection import resolve_url
+
+            where = redact(resolve_url(redis_url))
+            fail(f"run: no runs on {where}" + ("" if redis_url else f" (the default: pass --redis-url or set {ENV_URL}; "
+                                                                    "a local `aesrl-queue run` prints its Redis URL as it starts)"))
         run = runs[-1][0]
     if watch or until_done:
         from cli.watch import watch_status
@@ -491,6 +519,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
         fail("force: --resume continues a run, --force deletes one; pass one of them")
     client = _connect(redis_url) if redis_url else None  # before any folder is made
     _check_extras(tensorboard_dir, wandb_project)
+    _check_rq()
     if resume:
         run_dir = Path(resume) if Path(resume).is_dir() else Path(out_dir) / resume
         if redis_url is None and not (run_dir / "redis").is_dir():
@@ -533,6 +562,15 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
     sys.exit(code)
 
 
+def _check_rq() -> None:
+    """Refuse an RQ that AesrlWorker cannot run on before any worker starts."""
+    from workers.worker import rq_problem
+
+    problem = rq_problem()
+    if problem:
+        fail(problem)
+
+
 def _check_extras(tensorboard_dir, wandb_project) -> None:
     """Refuse a missing optional package before anything starts."""
     if tensorboard_dir:
@@ -554,22 +592,40 @@ def _check_extras(tensorboard_dir, wandb_project) -> None:
 # -- results: plot, export, evaluate -------------------------------------------------------------------
 @cli.command()
 @click.argument("run_folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("-o", "--out", "out", default="curves.png", type=click.Path(dir_okay=False), help="PNG to write.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="PNG to write (default: curves.png in the run folder, or in the folder that holds the run "
+                   "folders, e.g. runs/curves.png).")
 @click.option("--title", default=None, help="Figure title (default: the environments and run counts).")
 @click.option("--x", "x_axis", type=click.Choice(["steps", "interactions"]), default="steps",
               help="x-axis of the f(μ) curve: stored steps (the paper's), or every environment interaction "
                    "(μ evaluations included).")
-def plot(run_folders, out, title, x_axis) -> None:
+@click.option("--label", "label_fields", default=None, metavar="FIELD,...",
+              help="Config fields to name in each curve's label, e.g. mean_rule,rl_ratio (default: the "
+                   "algorithm alone, and what tells apart runs of one algorithm); --label seed draws a curve per seed.")
+def plot(run_folders, out, title, x_axis, label_fields) -> None:
     """Learning curves (f(μ) vs stored steps and vs wall clock) and the ES/RL interaction chart of run folders.
 
     Runs whose configs differ only by seed are drawn as one curve: the mean with a ±1 std band.
     """
-    from cli.plot import PlotError, plot_runs
+    from cli.plot import LabelError, PlotError, plot_runs
 
+    fields = [f.strip() for f in (label_fields or "").split(",") if f.strip()]
+    if out is None:
+        parents = {Path(f).resolve().parent for f in run_folders}
+        where = Path(run_folders[0]) if len(run_folders) == 1 else Path(run_folders[0]).parent if len(parents) == 1 \
+            else Path("runs")
+        out = str(where / "curves.png")
     try:
-        drawn = plot_runs(list(run_folders), out, title=title, x_axis=x_axis)
+        drawn = plot_runs(list(run_folders), out, title=title, x_axis=x_axis, label_fields=fields)
+    except LabelError as exc:
+        fail(str(exc))
     except PlotError as exc:
         fail(str(exc), code=1)
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib":
+            raise
+        fail("plot: needs matplotlib, the plot extra: pip install -e '.[plot]' in the clone "
+             "(./scripts/aesrl-queue plot installs it)")
     for why in drawn["skipped"]:
         click.echo(f"skipped: {why}", err=True)
     for label, run_ids in drawn["groups"].items():
@@ -579,7 +635,9 @@ def plot(run_folders, out, title, x_axis) -> None:
 
 @cli.command()
 @click.argument("run")
-@click.option("-o", "--out", "out", default="policy.pt", type=click.Path(dir_okay=False), help="File to write.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="File to write (default: policy.pt, or best.pt with --which best, in the run folder; "
+                   "runs/RUN-policy.pt for a run id).")
 @click.option("--which", type=click.Choice(["mu", "best"]), default="mu",
               help="mu: the current mean of the search distribution; best: the best individual evaluated.")
 @click.option("--redis-url", envvar=ENV_URL, default=None, help="Read RUN (a run id) from this Redis. " + URL_HELP)
@@ -590,6 +648,10 @@ def export(run, out, which, redis_url) -> None:
     from cli.export import ExportError, export_policy
 
     client = None if Path(run).exists() else _connect(redis_url)
+    if out is None:
+        name = "policy.pt" if which == "mu" else "best.pt"
+        folder = Path(run) if Path(run).is_dir() else Path(run).parent
+        out = str(folder / name if client is None else Path("runs") / f"{run}-{name}")
     try:
         payload = export_policy(run, out, which=which, client=client)
     except ExportError as exc:

@@ -85,19 +85,64 @@ def _start_time(recs: list[dict[str, Any]]) -> float | None:
     return min(ts) if ts else None
 
 
-def group_runs(runs: list[RunData]) -> list[Group]:
-    """Runs whose configs differ only by seed (and bookkeeping) share a group; labels name what differs."""
-    keys = sorted({k for r in runs for k in r.config} - IGNORED_FIELDS)
-    varying = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
-    groups: dict[str, Group] = {}
+# Fields derived from the environment and the networks: another field (env_id, hidden) names the cause.
+DERIVED_FIELDS = {"obs_dim", "act_dim", "max_action", "max_episode_steps", "actor_dim"}
+LABEL_WRAP = 90  # characters per legend line: a long label wraps instead of widening the legend
+
+
+class LabelError(PlotError):
+    """--label names a field no run's config has."""
+
+
+def _value(run: RunData, key: str) -> str:
+    return json.dumps(run.config.get(key), sort_keys=True)
+
+
+def group_runs(runs: list[RunData], label_fields: list[str] | tuple[str, ...] = ()) -> list[Group]:
+    """Runs whose configs differ only by seed (and bookkeeping) share a group, unless label_fields
+    names one of those fields.
+
+    A group is labelled by its algorithm (and environment, when the runs span several), then
+    `field=value` for each of label_fields. Algorithms and environments have their own defaults
+    (aesrl and es differ in about ten fields), so those differences are not named; where two groups
+    would still share a label (runs of one algorithm that differ in a setting), the settings that
+    differ between just those groups are added to tell them apart.
+    """
+    known = {k for r in runs for k in r.config}
+    missing = [k for k in label_fields if k not in known]
+    if missing:
+        raise LabelError(f"label: no run's config has {', '.join(missing)} (fields: "
+                         f"{', '.join(sorted(known - IGNORED_FIELDS - DERIVED_FIELDS))})")
+    keys = sorted((known - IGNORED_FIELDS) | set(label_fields))  # --label seed: a curve per seed
+    by_config: dict[str, list[RunData]] = {}
     for r in runs:
-        parts = [str(r.config.get("algo", "?"))]
-        parts += [f"{k}={r.config.get(k)}" for k in varying if k not in ("algo", "obs_dim", "act_dim",
-                                                                        "max_action", "max_episode_steps",
-                                                                        "actor_dim")]
-        label = ", ".join(parts)
-        groups.setdefault(label, Group(label)).runs.append(r)
-    return list(groups.values())
+        by_config.setdefault(json.dumps([_value(r, k) for k in keys]), []).append(r)
+    # Each environment has its own preset too: runs on several environments are named by both.
+    named = ["env_id"] if len({_value(r, "env_id") for r in runs}) > 1 else []
+    named += [k for k in label_fields if k not in ("algo", *named)]
+    labels: dict[str, str] = {}
+    for ck, members in by_config.items():
+        r = members[0]
+        labels[ck] = ", ".join([str(r.config.get("algo", "?"))] + [
+            str(r.config.get(k)) if k == "env_id" else f"{k}={r.config.get(k)}" for k in named])
+    for label in set(labels.values()):
+        clash = [ck for ck, lab in labels.items() if lab == label]
+        if len(clash) < 2:
+            continue
+        firsts = [by_config[ck][0] for ck in clash]
+        differ = [k for k in keys if k not in DERIVED_FIELDS and k not in named
+                  and len({_value(r, k) for r in firsts}) > 1]
+        for i, (ck, r) in enumerate(zip(clash, firsts, strict=True)):
+            labels[ck] = ", ".join([label] + ([f"{k}={r.config.get(k)}" for k in differ] or [f"config {i + 1}"]))
+    return [Group(labels[ck], members) for ck, members in by_config.items()]
+
+
+def legend_label(group: Group) -> str:
+    """The group's label with its seed count, wrapped at LABEL_WRAP characters."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(f"{group.label}  {seeds_label(group.runs)}", LABEL_WRAP,
+                                    break_on_hyphens=False, subsequent_indent="    "))
 
 
 def binned_curve(xs: np.ndarray, ys: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -256,8 +301,10 @@ X_AXES = {"steps": ("stored environment steps", "stored steps"),
 
 
 def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = None, dpi: int = 110,
-              x_axis: str = "steps") -> dict[str, Any]:
-    """Write the PNG; returns what was drawn (groups, runs per group, skipped folders with reasons)."""
+              x_axis: str = "steps", label_fields: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Write the PNG; returns what was drawn (groups, runs per group, skipped folders with reasons)
+    and where it was drawn ("layout": each panel's, title's and the legend's box in figure
+    coordinates, x0, y0, x1, y1 from the bottom left)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -273,10 +320,16 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
             skipped.append(str(exc))
     if not runs:
         raise PlotError("nothing to plot: " + "; ".join(skipped))
-    groups = group_runs(runs)
+    groups = group_runs(runs, label_fields)
     envs = sorted({str(r.config.get("env_id", "?")) for r in runs})
+    labels = [legend_label(g) for g in groups]
+    # The legend of the curves sits below the panels, across the figure: a long label adds a row
+    # (the figure grows by it), never squeezes the panels sideways.
+    widest = max(len(line) for lab in labels for line in lab.splitlines())
+    ncols = max(1, min(len(groups), 4, 170 // (widest + 10)))
+    legend_lines = sum(max(lab.count("\n") + 1 for lab in labels[i:i + ncols]) for i in range(0, len(labels), ncols))
 
-    fig = plt.figure(figsize=(16, 13), dpi=dpi, layout="constrained")
+    fig = plt.figure(figsize=(16, 13 + 0.22 * legend_lines), dpi=dpi, layout="constrained")
     gs = fig.add_gridspec(3, 6, height_ratios=[1.25, 1, 1])
     ax_steps = fig.add_subplot(gs[0, :3])
     ax_time = fig.add_subplot(gs[0, 3:])
@@ -295,7 +348,7 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
     for gi, g in enumerate(groups):
         c = colors[gi % len(colors)]
         n = len(g.runs)
-        label = f"{g.label}  {seeds_label(g.runs)}"
+        label = labels[gi]
         for ax, key, scale in ((ax_steps, x_axis, 1.0), (ax_time, "elapsed", 1 / t_div)):
             x, mean, std = group_curve(g, key)
             if not len(x):
@@ -342,7 +395,8 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
     ax_sigma.legend(handles=[Line2D([], [], color="0.3", ls="-", lw=2, label="after RL updates"),
                              Line2D([], [], color="0.3", ls="--", lw=2, label="after ES updates")],
                     loc="best", fontsize=9)
-    ax_steps.legend(loc="lower right", fontsize=9, framealpha=0.9)
+    handles, texts = ax_steps.get_legend_handles_labels()
+    legend = fig.legend(handles, texts, loc="outside lower center", ncols=ncols, fontsize=10, frameon=False)
     for ax in empty_axes:
         why = ("no RL individuals" if ax in (ax_share, ax_dist) else "no fitness scale recorded" if ax is ax_r
                else f"fewer than {MIN_PER_BIN} updates per bin")
@@ -363,5 +417,21 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
+    layout = _layout(fig, legend, {"f_mu_steps": ax_steps, "f_mu_time": ax_time, "rl_share": ax_share, "p": ax_p,
+                                   "improved": ax_imp, "sigma": ax_sigma, "r": ax_r, "distance": ax_dist})
     plt.close(fig)
-    return {"groups": {g.label: [r.run_id for r in g.runs] for g in groups}, "skipped": skipped, "out": str(out)}
+    return {"groups": {g.label: [r.run_id for r in g.runs] for g in groups}, "skipped": skipped, "out": str(out),
+            "layout": layout}
+
+
+def _layout(fig, legend, axes: dict[str, Any]) -> dict[str, Any]:
+    """Boxes (x0, y0, x1, y1, figure coordinates) of what savefig drew: panels, titles, legend."""
+    renderer = fig.canvas.get_renderer()
+    to_fig = fig.transFigure.inverted()
+
+    def box(artist) -> tuple[float, ...]:
+        return tuple(float(v) for v in to_fig.transform(artist.get_window_extent(renderer)).ravel())
+
+    return {"axes": {k: tuple(float(v) for v in ax.get_position().extents) for k, ax in axes.items()},
+            "titles": {k: box(ax.title) for k, ax in axes.items()},
+            "legend": box(legend) if legend is not None else None}

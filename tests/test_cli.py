@@ -3,8 +3,10 @@ and nothing written to Redis when a config is refused."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +65,7 @@ def test_unreachable_redis_says_what_to_do():
 
 def test_status_and_runs_on_an_empty_redis(redis_url):
     out = aq("status", "--redis-url", redis_url)
-    assert out.returncode == 1 and "no runs" in out.stderr
+    assert out.returncode == 2 and f"no runs on {redis_url}" in out.stderr, out.stderr
     out = aq("runs", "--redis-url", redis_url)
     assert out.returncode == 0 and "no runs" in out.stdout
 
@@ -71,3 +73,51 @@ def test_status_and_runs_on_an_empty_redis(redis_url):
 def test_resume_of_a_missing_run_is_refused(redis_url):
     out = aq("scheduler", "start", "--redis-url", redis_url, "--run", "nope")
     assert out.returncode == 2 and "no run 'nope'" in out.stderr
+
+
+def test_help_shows_the_preset_values():
+    out = aq("run", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())  # click wraps the help
+    assert "(preset default)" not in text
+    assert "1,000,000 for MuJoCo, 40,000 for Pendulum-v1" in text  # --steps
+    assert "10,000 for MuJoCo, 2,000 for Pendulum-v1" in text  # --initial-steps
+    assert "400,300 for MuJoCo" in text and "64,64 for Pendulum-v1" in text  # --hidden
+
+
+def test_env_typo_hint_lists_no_test_environments(redis_url):
+    out = aq("scheduler", "start", "--redis-url", redis_url, "--env", "Pendulm-v1")
+    assert out.returncode == 2 and "error: env_id:" in out.stderr and "Pendulum" in out.stderr, out.stderr
+    assert "Aesrl" not in out.stderr, out.stderr
+
+
+def test_status_without_a_url_names_the_redis_it_tried(redis_url):
+    env = child_env()
+    env["AESRL_REDIS_URL"] = redis_url  # what "no --redis-url" reads first
+    out = subprocess.run([sys.executable, "-m", "cli.main", "status"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and f"no runs on {redis_url}" in out.stderr, out.stderr
+    env["AESRL_REDIS_URL"] = "redis://127.0.0.1:1/0"
+    out = subprocess.run([sys.executable, "-m", "cli.main", "status"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "redis://127.0.0.1:1/0" in out.stderr, out.stderr
+
+
+def test_a_fresh_run_starts_and_writes_its_outputs_under_runs(tmp_path):
+    # A short ES run (no critic) on the project's no-cost environment, from a scratch working folder.
+    res = subprocess.run([sys.executable, "-m", "cli.main", "run", "--env", "AesrlNull-v0", "--algo", "es",
+                          "--steps", "1000", "--workers", "1", "--run-id", "fresh"], capture_output=True, text=True,
+                         env=child_env(), cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "fresh"
+    log = (run_dir / "logs" / "scheduler.log").read_text()
+    assert "starting run fresh" in log and "resuming" not in log, log[:2000]
+    # export and plot with no output named write into the run folder, not the working folder.
+    for args in (["export", "runs/fresh"], ["plot", "runs/fresh"]):
+        out = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+                             env=child_env(), cwd=tmp_path, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert (run_dir / "policy.pt").is_file() and (run_dir / "curves.png").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    assert json.loads((run_dir / "config.json").read_text())["run_id"] == "fresh"
+    assert Path(run_dir / "summary.json").is_file()

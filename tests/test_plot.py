@@ -11,9 +11,19 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
-from cli.plot import group_curve, group_runs, interaction_stats, kind_means, load_run, seeds_label
+from cli.plot import (
+    LabelError,
+    group_curve,
+    group_runs,
+    interaction_stats,
+    kind_means,
+    load_run,
+    plot_runs,
+    seeds_label,
+)
 from tests.conftest import ROOT, child_env
 
 
@@ -46,11 +56,40 @@ def test_runs_that_differ_only_by_seed_form_one_group(tmp_path):
     runs += [load_run(write_run(tmp_path / f"e{s}", algo="es", seed=s, rl_every=0)) for s in (1, 2)]
     runs += [load_run(write_run(tmp_path / "lin", mean_rule="fixed-linear"))]
     groups = {g.label: sorted(r.run_id for r in g.runs) for g in group_runs(runs)}
+    # A curve is named by its algorithm; a setting is named only where it tells apart two curves of
+    # one algorithm.
     assert groups == {
         "aesrl, mean_rule=baseline-relative": ["a1", "a2", "a3"],
-        "es, mean_rule=baseline-relative": ["e1", "e2"],
+        "es": ["e1", "e2"],
         "aesrl, mean_rule=fixed-linear": ["lin"],
     }
+    # --label names fields in every label; --label seed splits the groups by seed.
+    labelled = {g.label: sorted(r.run_id for r in g.runs) for g in group_runs(runs, ["rl_ratio"])}
+    assert labelled["es, rl_ratio=0.5"] == ["e1", "e2"]
+    assert len(group_runs(runs, ["seed"])) == 6
+    with pytest.raises(LabelError, match="no run's config has nosuch"):
+        group_runs(runs, ["nosuch"])
+
+
+def preset_run(folder, algo, seed, env_id="Pendulum-v1", **kw):
+    """A run folder whose config.json is the resolved preset of algo, as `aesrl-queue run` writes it."""
+    from aesrl_queue.config import RunConfig
+    from cli.launch import _json_safe
+
+    write_run(folder, algo=algo, seed=seed, rl_every=0 if algo == "es" else 2, **kw)
+    cfg = RunConfig.from_preset(env_id, algo=algo, seed=seed, run_id=folder.name).resolve()
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict(), default=_json_safe))
+    return folder
+
+
+def test_runs_of_different_algorithms_are_named_by_algorithm_alone(tmp_path):
+    # aesrl's and es's own defaults differ in about ten fields; none of them is named.
+    runs = [load_run(preset_run(tmp_path / f"pend-{a}-s{s}", a, s)) for a in ("es", "aesrl") for s in (1, 2)]
+    assert {g.label: len(g.runs) for g in group_runs(runs)} == {"es": 2, "aesrl": 2}
+    # Runs on two environments: each environment has its own preset, so the label names it.
+    runs.append(load_run(preset_run(tmp_path / "mc", "aesrl", 1, env_id="MountainCarContinuous-v0")))
+    assert sorted(g.label for g in group_runs(runs)) == ["aesrl, MountainCarContinuous-v0", "aesrl, Pendulum-v1",
+                                                         "es, Pendulum-v1"]
 
 
 def test_group_curve_is_the_mean_and_std_across_seeds(tmp_path):
@@ -148,3 +187,57 @@ def test_two_runs_of_one_seed_are_not_two_seeds_and_x_can_be_interactions(tmp_pa
                          env=child_env(), cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert Image.open(tmp_path / "c.png").size[0] > 1000
+
+
+def overlaps(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_long_labels_go_below_the_panels_and_leave_them_full_width(tmp_path):
+    # Every setting named in every label (the labels of the guide's comparison before curves were
+    # named by algorithm): four labels of about 200 characters.
+    folders = [preset_run(tmp_path / f"pend-{a}-s{s}", a, s, slope=2.0 + s) for a in ("es", "aesrl") for s in (1, 2)]
+    fields = ["critic_shift", "es_antithetic", "fitness_shift", "mean_rule", "pair_shift", "positive_ratio",
+              "rl_steps_max", "var_floor", "var_init", "seed"]
+    out = tmp_path / "curves.png"
+    drawn = plot_runs(folders, out, label_fields=fields)
+    assert len(drawn["groups"]) == 4 and all(len(label) > 150 for label in drawn["groups"])
+    lay = drawn["layout"]
+    axes = lay["axes"]
+    # Panels keep their share of the width: two columns on top, three below.
+    for name in ("f_mu_steps", "f_mu_time"):
+        assert axes[name][2] - axes[name][0] >= 0.35, (name, axes[name])
+    for name in ("rl_share", "p", "improved", "sigma", "r", "distance"):
+        assert axes[name][2] - axes[name][0] >= 0.22, (name, axes[name])
+    # The legend is inside the figure, below every panel, and covers none of them.
+    legend = lay["legend"]
+    assert 0.0 <= legend[0] and legend[2] <= 1.0 and 0.0 <= legend[1], legend
+    assert all(legend[3] <= ax[1] for ax in axes.values()), (legend, axes)
+    # Titles stay inside the figure and do not run into one another.
+    titles = list(lay["titles"].items())
+    for i, (name, box) in enumerate(titles):
+        assert 0.0 <= box[0] and box[2] <= 1.0, (name, box)
+        for other, box2 in titles[i + 1:]:
+            assert not overlaps(box, box2), (name, other)
+    # The saved image is the figure measured: its size, and ink in the leftmost panel.
+    img = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    h, w = img.shape[:2]
+    assert w == 16 * 110
+    x0, y0, x1, y1 = axes["f_mu_steps"]
+    cell = img[int((1 - y1) * h):int((1 - y0) * h), int(x0 * w):int(x1 * w)]
+    assert ((cell.max(axis=2) - cell.min(axis=2)) > 60).mean() > 0.002
+
+
+def test_plot_label_option_names_fields_and_refuses_unknown_ones(tmp_path):
+    folders = [preset_run(tmp_path / f"pend-{a}-s1", a, 1) for a in ("es", "aesrl")]
+    run = [sys.executable, "-m", "cli.main", "plot", *map(str, folders), "-o", str(tmp_path / "c.png")]
+    res = subprocess.run([*run, "--label", "mean_rule"], capture_output=True, text=True, env=child_env(), cwd=ROOT,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "es, mean_rule=fixed-linear: 1 run" in res.stdout, res.stdout
+    res = subprocess.run([*run, "--label", "mean_rule,nosuch"], capture_output=True, text=True, env=child_env(),
+                         cwd=ROOT, timeout=120)
+    assert res.returncode == 2 and "no run's config has nosuch" in res.stderr, res.stderr
+    # With no -o, the PNG goes beside the run folders it compares.
+    res = subprocess.run(run[:-2], capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    assert res.returncode == 0 and (tmp_path / "curves.png").is_file(), res.stderr

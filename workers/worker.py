@@ -28,6 +28,11 @@ from workers import jobs, replica
 
 log = logging.getLogger(__name__)
 
+# AesrlWorker overrides RQ 3's worker internals (perform_job takes the job's execution, and the
+# heartbeat, state and execution-ended hooks keep RQ 3's signatures): under RQ 2 every job fails.
+RQ_REQUIRED = (3, 0)
+RQ_RANGE = "rq>=3.0,<4"
+
 HEARTBEAT_EVERY = 2.0  # seconds; the key lives WORKER_TTL seconds
 RQ_HEARTBEAT_EVERY = 5.0  # seconds between refreshes of RQ's own worker key (see heartbeat)
 
@@ -49,6 +54,26 @@ class AllowlistJob(Job):
             if getattr(self, name, None):
                 raise PermissionError(f"refusing job {self.id}: callbacks are not allowed ({name})")
         return super().func
+
+
+class UnsupportedRQ(SystemExit):
+    """The installed RQ cannot run an AesrlWorker: `rq worker` prints the one line and exits 1."""
+
+
+def rq_problem(version: str | None = None) -> str | None:
+    """Why this RQ (the installed one, or `version`) cannot run an AesrlWorker; None when it can."""
+    if version is None:
+        import rq
+
+        version = rq.__version__
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    if tuple(parts) >= RQ_REQUIRED:
+        return None
+    return (f"rq {version} is installed; an AesrlWorker needs {RQ_RANGE} (it overrides RQ 3's worker "
+            f"internals): pip install '{RQ_RANGE}'")
 
 
 def _limit_threads() -> bool:
@@ -83,6 +108,9 @@ class AesrlWorker(SimpleWorker):
     """SimpleWorker + JSON + allowlist + one torch thread + a fast heartbeat."""
 
     def __init__(self, queues=None, *args, **kwargs):
+        problem = rq_problem()
+        if problem:  # refuse at once: with an older RQ every job would fail in perform_job
+            raise UnsupportedRQ(f"error: {problem}")
         self._rq_beat: tuple[float, int] | None = None  # (when, TTL) of the last refresh of RQ's worker key
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = AllowlistJob
