@@ -109,9 +109,11 @@ def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("mujoco", "gymnasium", "torch", "numpy", "stable-baselines3"):
+    for name in ("gymnasium", "torch", "numpy", "stable-baselines3"):
         with contextlib.suppress(PackageNotFoundError):
             out[name] = version(name)
+    with contextlib.suppress(ImportError):  # the simulator's own version, from mujoco or mujoco-core
+        out["mujoco"] = importlib.import_module("mujoco").__version__
     return out
 
 
@@ -444,9 +446,8 @@ def parse_cells(text: str) -> list[tuple[str, str, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--declare", metavar="COMMIT", help="declare the protocol at COMMIT (an ancestor of main)")
     ap.add_argument("--run", action="store_true", help="run the pending protocol cells")
     ap.add_argument("--max-hours", type=float, default=None, help="start no new cell after this many hours")
@@ -485,10 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick:
                 print(report(path))
             return code
-        elif args.report:
-            print(report(path))
         else:
-            ap.print_help()
+            print(report(path)) if args.report else ap.print_help()
     except Refused as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
