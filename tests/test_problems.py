@@ -116,3 +116,28 @@ def test_an_exception_in_the_job_function_reaches_status_with_what_to_do(tmp_pat
     wait_for(lambda: "in step" in procs.log("scheduler"), 30, what="the traceback in the scheduler's log",
              on_fail=procs.logs)
     wait_for(lambda: store.state().get("breaker"), 60, what="the circuit breaker", on_fail=procs.logs)
+
+
+@pytest.mark.parametrize("algo, rl, es, critic, warned", [
+    ("aesrl", 0, 30, 0, "RL share 0.00 against a target of 0.50: no critic trained (start `aesrl-queue critic "
+                        "start --run sum --redis-url "),
+    ("aesrl", 3, 27, 4, "RL share 0.10 against a target of 0.50: RL jobs failed or were held"),
+    ("aesrl", 14, 16, 4, None),  # near its target
+    ("aesrl", 0, 19, 0, None),  # too few results to judge
+    ("es", 0, 30, 0, None),  # no RL wanted
+])
+def test_the_summary_says_when_the_rl_share_ended_far_from_its_target(client, algo, rl, es, critic, warned):
+    from aesrl_queue.config import RunConfig
+    from cli.report import summary_numbers
+
+    store = Store(client, "sum")
+    store.write_config(RunConfig.from_preset("AesrlNull-v0", algo=algo, run_id="sum").resolve())
+    store.set_state(status="finished", started_at=time.time() - 5, rl_applied=rl, es_applied=es,
+                    results_applied=rl + es, critic_version=critic)
+    summary = summary_numbers(client, "sum")
+    assert summary["rl_share"] == round(rl / (rl + es), 3)
+    if warned is None:
+        assert summary["warnings"] == []
+    else:
+        assert len(summary["warnings"]) == 1 and summary["warnings"][0].startswith(warned), summary["warnings"]
+        assert client_url(client) in summary["warnings"][0] or critic
