@@ -15,8 +15,8 @@ from scheduler.problems import start_critic_command
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
 # The summary warns of an RL share this far from its target once this many results are applied: the
-# P controller holds the share within a few hundredths of ρ* (docs/algorithms.md), so 0.2 off means
-# RL jobs did not happen (no critic, failing RL jobs), not noise; 20 results keep a short run quiet.
+# P controller steers the share to ρ* (0.42 against 0.50 after 45 updates in docs/guide.md §2), so
+# 0.2 off means RL jobs did not happen (no critic, failing RL jobs); 20 results keep a short run quiet.
 RL_SHARE_TOLERANCE = 0.2
 RL_SHARE_MIN_RESULTS = 20
 

@@ -49,7 +49,7 @@ ADVICE = (
     (("ModuleNotFoundError", "ImportError", "No module named", "NameNotFound", "NamespaceNotFound",
       "DependencyNotInstalled"),
      "the workers cannot import the environment or a package it needs: install it where they run (a custom "
-     "env's module must be importable there, docs/guide.md §7) and restart them", "install it on the workers"),
+     "env's module must be importable there, docs/guide.md §6) and restart them", "install it on the workers"),
 )
 ADVICE_ELSE = ("the traceback is in the scheduler's log and the worker's (`aesrl-queue run`: RUN/logs/); fix "
                "its cause and restart the workers: the run goes on where it is", "traceback in the logs")
