@@ -181,6 +181,20 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^/?#]*@", r"\1***@", url)
 
 
+def client_url(client: redis.Redis) -> str:
+    """The URL of the server `client` talks to, its password as *** (for a command shown to a user,
+    who puts the password back in: state and logs never hold it)."""
+    pool = client.connection_pool
+    kw = pool.connection_kwargs
+    db = kw.get("db") or 0
+    if kw.get("path"):
+        return f"unix://{kw['path']}?db={db}"
+    scheme = "rediss" if issubclass(pool.connection_class, redis.SSLConnection) else "redis"
+    user = kw.get("username") or ""
+    auth = f"{user}:***@" if kw.get("password") else (f"{user}@" if user else "")
+    return f"{scheme}://{auth}{kw.get('host') or 'localhost'}:{kw.get('port') or 6379}/{db}"
+
+
 def resolve_url(url: str | None) -> str:
     return url or os.environ.get(ENV_URL) or DEFAULT_URL
 

@@ -532,6 +532,7 @@ def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: Metric
               "best_fitness"):
         v = summary.get(k)
         lines.append(f"  {k:16} {format(v, ',.1f') if isinstance(v, float) else v}")
+    lines += [f"  warning          {w}" for w in summary.get("warnings", ())]
     if metrics is not None:
         lines.append(f"  metrics          {metrics.records:,} records in {metrics.path}")
     lines.append(f"  run folder       {run_dir}")

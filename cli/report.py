@@ -11,8 +11,14 @@ import redis
 
 from aesrl_queue.codec import CodecError
 from aesrl_queue.store import Store, live_workers, worker_ages
+from scheduler.problems import start_critic_command
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
+# The summary warns of an RL share this far from its target once this many results are applied: the
+# P controller steers the share to ρ* (0.42 against 0.50 after 45 updates in docs/guide.md §2), so
+# 0.2 off means RL jobs did not happen (no critic, failing RL jobs); 20 results keep a short run quiet.
+RL_SHARE_TOLERANCE = 0.2
+RL_SHARE_MIN_RESULTS = 20
 
 
 def redis_now(client: redis.Redis) -> float:
@@ -177,6 +183,13 @@ def summary_numbers(client: redis.Redis, run_id: str) -> dict[str, Any]:
     head = f_mus[: max(1, len(f_mus) // 10)]
     tail = f_mus[-max(1, len(f_mus) // 10):]
     elapsed = (st.get("finished_at") or st.get("updated_at") or time.time()) - st.get("started_at", time.time())
+    applied = st["rl_applied"] + st["es_applied"]
+    share, target = (st["rl_applied"] / applied if applied else 0.0), _rl_target(store.config())
+    warnings = []
+    if applied >= RL_SHARE_MIN_RESULTS and abs(share - target) > RL_SHARE_TOLERANCE:  # False for td3 (NaN)
+        why = (f"no critic trained (start `{start_critic_command(store)}` beside the run)" if not st["critic_version"]
+               else "RL jobs failed or were held (see failed, and the problem lines of the scheduler's log)")
+        warnings.append(f"RL share {share:.2f} against a target of {target:.2f}: {why}")
     return {
         "run": run_id, "status": st.get("status"), "steps": st["steps"], "interactions": st["interactions"],
         "results_applied": st["results_applied"], "rl_applied": st["rl_applied"], "es_applied": st["es_applied"],
@@ -184,6 +197,7 @@ def summary_numbers(client: redis.Redis, run_id: str) -> dict[str, Any]:
         "critic_version": st["critic_version"], "elapsed_s": round(elapsed, 1),
         "f_mu_first": float(np.mean(head)) if head else None, "f_mu_last": float(np.mean(tail)) if tail else None,
         "f_mu_final": st.get("f_mu"), "best_fitness": st.get("best_fitness"),
+        "rl_share": round(share, 3), "rl_target": target, "warnings": warnings,
     }
 
 

@@ -180,6 +180,7 @@ class Scheduler:
             incr["replaced"] += 1
             updates.append(opt.lost(job, retry=True))
         specs = self._ask() if refill else []
+        self.dispatch.breaker.line.critic(opt.critic_problem)  # a missing critic, with the command to start one
         fields = opt.fields()
         if not (batch or forget or specs or self.to_delete or not _same(fields, self.written)):
             return

@@ -23,6 +23,7 @@ from aesrl_queue.optimizers import (
     load_optimizer,
     make_optimizer,
 )
+from aesrl_queue.optimizers.base import NO_CRITIC_AFTER
 from aesrl_queue.optimizers.cem import MAX_TRIES
 
 _CFGS: dict[tuple, RunConfig] = {}
@@ -106,6 +107,52 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     # critic_lag = 0 (the published code) never holds.
     free = AesrlOptimizer(config("aesrl", initial_steps=100, batch_size=32, critic_lag=0), mu0(cfg))
     assert len(free.ask(2, steps=5000, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
+
+
+def test_aesrl_names_a_missing_critic_within_critic_wait_and_clears_it_when_one_publishes() -> None:
+    cfg = config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    wait = cfg.critic_wait
+    opt.ask(2, steps=50, inflight=0, critic_version=0, now=0.0)
+    assert opt.critic_problem is None  # the random phase: nothing to wait for yet
+    assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0) == []
+    assert opt.critic_problem is None  # a daemon that runs needs seconds to publish
+    assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0 + NO_CRITIC_AFTER * wait) == []
+    what, short = opt.critic_problem
+    assert what.startswith("no critic has published") and f"({wait:.0f} s)" in what and short == "no critic"
+    assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0 + wait)  # ES alone from here
+    assert "goes on with ES alone" in opt.critic_problem[0]
+    opt.ask(2, steps=400, inflight=0, critic_version=1, critic_steps=300, now=20.0 + wait)
+    assert opt.critic_problem is None
+    # A critic that stops training: named once the lag rule stops holding jobs for it.
+    t = 100.0 + wait
+    assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t) == []
+    assert opt.critic_problem is None
+    assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t + wait)
+    assert opt.critic_problem[1] == "critic stalled"
+    opt.ask(1, steps=3000, inflight=0, critic_version=4, critic_steps=2600, now=t + wait + 1)
+    assert opt.critic_problem is None
+    # es needs no critic: never a problem.
+    es = AesrlOptimizer(config("es"), mu0(cfg))
+    es.ask(2, steps=10_000, inflight=0, critic_version=0, now=1e6)
+    assert es.critic_problem is None
+
+
+def test_cem_names_a_critic_that_does_not_train_for_its_rl_members() -> None:
+    cfg = config("pcemrl", initial_steps=0, population=4, batch_size=8)
+    opt = CemOptimizer(cfg, mu0(cfg))
+    wait = cfg.critic_wait
+    for s in opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0):
+        opt.tell(evaluated(opt, s, fitness=1.0, length=25))
+    assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=0, now=1.0) == []
+    # A critic that trains towards the request is there, however long it takes.
+    assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=1.0 + wait / 2) == []
+    assert opt.critic_problem is None
+    assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=1.0 + wait * 0.8) == []
+    assert opt.critic_problem[1] == "no critic" and "held for critic_wait" in opt.critic_problem[0]
+    specs = opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=2.0 + wait)
+    assert [s["kind"] for s in specs] == ["es"] * 4  # the generation goes on without a critic
+    assert "without training" in opt.critic_problem[0]
 
 
 def test_es_never_asks_rl_and_no_job_that_would_overshoot_the_budget() -> None:

@@ -27,7 +27,19 @@ from aesrl_queue import noise
 from aesrl_queue.config import ASYNC_ALGOS, RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
-from aesrl_queue.optimizers.base import Evaluated, JobSpec, OwnsDistribution, Update, finite, job_seed
+from aesrl_queue.optimizers.base import (
+    CRITIC_STALLED,
+    NO_CRITIC_AFTER,
+    NO_CRITIC_GAVE_UP,
+    NO_CRITIC_WAITING,
+    Evaluated,
+    JobSpec,
+    OwnsDistribution,
+    Update,
+    critic_problem,
+    finite,
+    job_seed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +99,21 @@ class AesrlOptimizer(OwnsDistribution):
         # holding jobs for a critic that trails the replay: (since, critic steps then) on the clock
         self._lag_wait: tuple[float, int] | None = None
         self._lag_holding = False  # the last ask held jobs for it (a stalled critic no longer does)
+        self._critic_problem: tuple[str, str] | None = None  # what `critic_problem` reports
 
     # -- what the loop reads ---------------------------------------------------------------------
     @property
     def waiting(self) -> bool:
         """Holding jobs back for something outside (the first critic): poll often."""
         return self._critic_wait_since is not None or self._lag_holding
+
+    @property
+    def critic_problem(self) -> tuple[str, str] | None:
+        """(what is wrong, a few words) while the run lacks a critic, as of the last `ask`: none has
+        published NO_CRITIC_AFTER·critic_wait after the random phase, or the critic stopped training
+        for critic_wait; None once a critic publishes (or trains again). The loop shows it with the
+        command that starts one."""
+        return self._critic_problem
 
     def done(self, steps: int) -> bool:
         return steps >= self.cfg.total_steps
@@ -127,6 +148,7 @@ class AesrlOptimizer(OwnsDistribution):
         rl_ready = self.rl and critic_version > 0
         if rl_ready:
             self._critic_wait_since = None
+            self._critic_problem = None
         # A critic cannot train before the replay holds a batch: never wait for one before that,
         # even when the random phase is shorter (initial_steps 0 would otherwise wait critic_wait).
         elif self.rl and steps >= max(cfg.initial_steps, cfg.batch_size):
@@ -136,8 +158,12 @@ class AesrlOptimizer(OwnsDistribution):
                 self._critic_wait_since = now
                 log.info("run %s: initial phase over; waiting up to %.0fs for the first critic", cfg.run_id,
                          cfg.critic_wait)
-            if now - self._critic_wait_since < cfg.critic_wait:
+            waited = now - self._critic_wait_since
+            if waited < cfg.critic_wait:
+                if waited >= NO_CRITIC_AFTER * cfg.critic_wait:
+                    self._critic_problem = critic_problem(NO_CRITIC_WAITING, cfg.critic_wait)
                 return []
+            self._critic_problem = critic_problem(NO_CRITIC_GAVE_UP, cfg.critic_wait)
             if now - self._warned_no_critic > 60:
                 self._warned_no_critic = now
                 log.warning("run %s: %d steps stored but no critic published yet — is `aesrl-queue critic start "
@@ -181,6 +207,7 @@ class AesrlOptimizer(OwnsDistribution):
             return True
         if now - self._lag_wait[0] < cfg.critic_wait:
             return True
+        self._critic_problem = critic_problem(CRITIC_STALLED, cfg.critic_wait)
         if now - self._warned_no_critic > 60:
             self._warned_no_critic = now
             log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps — "

@@ -20,11 +20,15 @@ from aesrl_queue import noise
 from aesrl_queue.config import RunConfig
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
+    GENERATION_GAVE_UP,
+    GENERATION_WAITING,
+    NO_CRITIC_AFTER,
     Evaluated,
     JobSpec,
     OptimizerFailed,
     OwnsDistribution,
     Update,
+    critic_problem,
     finite,
     generation_seed,
     job_id,
@@ -63,10 +67,18 @@ class CemOptimizer(OwnsDistribution):
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
         self._need: dict[str, int] = {}  # stored individuals to fetch after a restart -> member
         self._critic_wait: dict[str, Any] | None = None  # holds a clock value: not state
+        self._critic_problem: tuple[str, str] | None = None  # what `critic_problem` reports
 
     @property
     def waiting(self) -> bool:
         return self._critic_wait is not None
+
+    @property
+    def critic_problem(self) -> tuple[str, str] | None:
+        """(what is wrong, a few words) while the generation's RL members wait for a critic that has
+        not trained a step for NO_CRITIC_AFTER·critic_wait, or went without one; None once a critic
+        has trained what they need. The loop shows it with the command that starts one."""
+        return self._critic_problem
 
     def done(self, steps: int) -> bool:
         """The budget is spent and no generation is open (a generation is always finished)."""
@@ -161,16 +173,23 @@ class CemOptimizer(OwnsDistribution):
                 self._critic_wait = {"steps": True, "target": target, "since": now}
             else:
                 self._critic_wait = {"steps": False, "target": 1, "since": now}
+            self._critic_wait.update(trained=critic_steps, moved=now)
         w = self._critic_wait
         if (critic_steps if w["steps"] else critic_version) >= w["target"]:
             self._critic_wait = None
+            self._critic_problem = None
             return True
+        if critic_steps > w["trained"]:  # a critic that trains (serial CEM-RL asks for many steps) is there
+            w.update(trained=critic_steps, moved=now)
+        elif now - w["moved"] >= NO_CRITIC_AFTER * cfg.critic_wait:
+            self._critic_problem = critic_problem(GENERATION_WAITING, cfg.critic_wait)
         if now - w["since"] > cfg.critic_wait:
             log.warning("run %s: no critic trained within %.0fs — is `aesrl-queue critic start --run %s` running? "
                         "generation %d evaluates its RL members without training", cfg.run_id, cfg.critic_wait,
                         cfg.run_id, self.gen["g"])
             self.no_critic_gen = self.gen["g"]
             self._critic_wait = None
+            self._critic_problem = critic_problem(GENERATION_GAVE_UP, cfg.critic_wait)
             return True
         return False
 
