@@ -289,7 +289,7 @@ def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project=None)
         return None
     from pathlib import Path
 
-    from cli.metrics import MetricsWriter
+    from aesrl_queue.metrics import MetricsWriter
 
     run_dir = Path(out_dir or "runs") / cfg.run_id
     try:
@@ -304,8 +304,8 @@ def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project=None)
 
 
 def _finish_run_folder(metrics, out_dir, run_id) -> None:
+    from aesrl_queue.local import write_run_folder
     from aesrl_queue.store import Store
-    from cli.launch import write_run_folder
 
     metrics.close()
     if out_dir:
@@ -497,7 +497,21 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
     Shows progress, and at the end (or on Ctrl-C) stops every child and writes a run folder with
     config.json, metrics.jsonl, policy.npz (μ; also every --snapshot-every minutes) and summary.json.
     The embedded Redis keeps an AOF in the run folder: `run --resume RUN_FOLDER` continues the run.
-    An existing run id is refused unless --resume or --force is given.
+    An existing run id is refused unless --resume or --force is given. Ctrl-C stops the run within a
+    few seconds (a second one kills the children at once; policy.npz and summary.json are written
+    either way).
+
+    \b
+    The progress line, e.g.
+      f(μ)~ -812.4  12,600/40,000 (32%) ━━━╌╌╌  412 steps/s  ETA 1m06s  elapsed 0m31s  v88 es 60 rl 28 critic v9
+    f(μ)~     mean of the last 10 estimates of f(μ), the return of μ (the mean policy), one episode each
+    N/M (P%)  stored env steps of the budget
+    steps/s   stored steps per second, smoothed over about a minute; the ETA is the steps left at that rate
+    elapsed   time since the progress line started
+    phase     what the run waits for, when it waits: random actions (before --initial-steps), waiting for
+              critic, critic N steps behind, training RL individuals (RL jobs in hand, no step stored
+              for 3 s), or a problem and its remedy
+    vN es N rl N critic vN   version of μ (updates applied), ES and RL individuals applied, critic version
     """
     from aesrl_queue.store import Store
     from cli.launch import launch
@@ -530,7 +544,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
         given = given_options(env_id, config_file, kw)
 
         def check(store):
-            from cli.launch import Refused
+            from aesrl_queue.local import Refused
 
             if not store.exists():
                 raise Refused(f"resume: the Redis data in {run_dir / 'redis'} holds no run {store.run_id!r}")
@@ -574,14 +588,14 @@ def _check_rq() -> None:
 def _check_extras(tensorboard_dir, wandb_project) -> None:
     """Refuse a missing optional package before anything starts."""
     if tensorboard_dir:
-        from cli.metrics import TENSORBOARD_MISSING
+        from aesrl_queue.metrics import TENSORBOARD_MISSING
 
         try:
             import tensorboard  # noqa: F401
         except ImportError:
             fail(f"tensorboard: {TENSORBOARD_MISSING}")
     if wandb_project:
-        from cli.metrics import WANDB_MISSING
+        from aesrl_queue.metrics import WANDB_MISSING
 
         try:
             import wandb  # noqa: F401

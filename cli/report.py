@@ -168,25 +168,6 @@ def _rl_target(cfg) -> float:
     return float(cfg.rl_ratio)
 
 
-def summary_numbers(client: redis.Redis, run_id: str) -> dict[str, Any]:
-    """The end-of-run summary: first and last f(μ), counts, rates."""
-    store = Store(client, run_id)
-    hist = store.history()
-    st = store.state()
-    f_mus = [h["f_mu"] for _, h in hist if isinstance(h.get("f_mu"), float) and math.isfinite(h["f_mu"])]
-    head = f_mus[: max(1, len(f_mus) // 10)]
-    tail = f_mus[-max(1, len(f_mus) // 10):]
-    elapsed = (st.get("finished_at") or st.get("updated_at") or time.time()) - st.get("started_at", time.time())
-    return {
-        "run": run_id, "status": st.get("status"), "steps": st["steps"], "interactions": st["interactions"],
-        "results_applied": st["results_applied"], "rl_applied": st["rl_applied"], "es_applied": st["es_applied"],
-        "failed": st["failed"], "rejected": st["rejected"], "replaced": st["replaced"],
-        "critic_version": st["critic_version"], "elapsed_s": round(elapsed, 1),
-        "f_mu_first": float(np.mean(head)) if head else None, "f_mu_last": float(np.mean(tail)) if tail else None,
-        "f_mu_final": st.get("f_mu"), "best_fitness": st.get("best_fitness"),
-    }
-
-
 def safe_gather(client: redis.Redis, run_id: str) -> dict[str, Any] | str:
     try:
         return gather(client, run_id)

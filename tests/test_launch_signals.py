@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cli import launch
+from aesrl_queue import local as launch
 
 
 class Pass:
