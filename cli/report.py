@@ -10,6 +10,7 @@ import numpy as np
 import redis
 
 from aesrl_queue.codec import CodecError
+from aesrl_queue.progress import STALLED_AFTER
 from aesrl_queue.store import Store, live_workers, worker_ages
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
@@ -84,6 +85,11 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         out.update(sigma_mean=None, sigma_min=None, sigma_max=None, f_mu_trend=0.0, f_mu_series=[], f_mu_range=None,
                    steps_per_s=0.0, last_p={"es": [], "rl": []}, trend_updates=0, last_update_age=None,
                    rl_share_recent=0.0)
+    # seconds a live run has applied nothing (None while updates come): a rate and an ETA of the
+    # last window would be stale, so the views say "stalled Ns" instead
+    quiet = out["last_update_age"] if hist else (now - st["started_at"] if st.get("started_at") else None)
+    live = out["status"] in ("running", "draining")
+    out["stalled_s"] = quiet if live and quiet is not None and quiet >= STALLED_AFTER else None
     out["initial_steps"] = cfg.initial_steps
     workers = live_workers(client)
     names = sorted(workers)
@@ -125,7 +131,7 @@ def render(s: dict[str, Any]) -> str:
         f"  σ mean {_f(s['sigma_mean'], '.4g')}  min {_f(s['sigma_min'], '.4g')}  max {_f(s['sigma_max'], '.4g')}"
         f"  version {s['version']}",
         f"  steps {s['steps']:,}/{s['total_steps']:,} ({pct:.1f}%)  interactions {s['interactions']:,}  "
-        f"steps/s {_f(s['steps_per_s']) if s['status'] in ('running', 'draining') else '-'}  "
+        f"{_rate_text(s, '.1f')}  "
         f"elapsed {s['elapsed']:.0f}s",
         f"  RL share {s['rl_share']:.2f} (target {s['rl_target']:.2f})  applied es {s['es_applied']} "
         f"rl {s['rl_applied']}  last p es {s['last_p']['es']} rl {s['last_p']['rl']}",
@@ -143,13 +149,20 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _rate_text(s: dict[str, Any], fmt: str) -> str:
+    """`steps/s N` while updates come, `stalled Ns` when a live run has applied nothing for a while."""
+    if s.get("stalled_s") is not None:
+        return f"stalled {s['stalled_s']:.0f}s"
+    live = s["status"] in ("running", "draining")
+    return f"steps/s {_f(s['steps_per_s'], fmt) if live else '-'}"
+
+
 def render_line(s: dict[str, Any]) -> str:
     """One plain line of a run's status (for `status --watch` off a terminal, e.g. into a log)."""
     total = s["total_steps"] or 1
-    live = s["status"] in ("running", "draining")
     line = (f"{time.strftime('%H:%M:%S')} {s['run']} {s['status']}  f(μ) {_f(s['f_mu'])}  "
             f"steps {s['steps']:,}/{s['total_steps']:,} ({100.0 * s['steps'] / total:.1f}%)  "
-            f"steps/s {_f(s['steps_per_s'], ',.0f') if live else '-'}  es {s['es_applied']} rl {s['rl_applied']}  "
+            f"{_rate_text(s, ',.0f')}  es {s['es_applied']} rl {s['rl_applied']}  "
             f"critic v{s['critic_version']}  workers {len(s['workers'])}")
     if s.get("problem_hint"):
         line += f"  problem: {s['problem_hint']}"

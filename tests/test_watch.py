@@ -179,3 +179,30 @@ def test_scheduler_start_out_writes_the_run_folder_as_it_goes(redis_url, client,
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
     assert (run_dir / "policy.npz").is_file() and (run_dir / "config.json").is_file()
     assert f"run folder {run_dir}" in procs.log("scheduler")
+
+
+def test_a_run_that_applied_nothing_for_a_while_shows_stalled_not_a_stale_rate(client):
+    from aesrl_queue.config import RunConfig
+    from cli.report import gather, render_line
+    from cli.watch import render_screen
+
+    cfg = RunConfig.from_preset("AesrlNull-v0", run_id="quiet", total_steps=10_000).resolve()
+    store = Store(client, "quiet")
+    store.write_config(cfg)
+    t = time.time()
+    for i in range(20):  # 100 steps a second, then nothing for a minute
+        store.append_history({"t": t - 80 + i, "len": 100, "kind": "es", "p": 0.5, "f_mu": -1.0, "version": i})
+    store.set_state(status="running", started_at=t - 90, steps=2000)
+    s = gather(client, "quiet")
+    assert s["stalled_s"] is not None and s["stalled_s"] >= 60, s["stalled_s"]
+    line = render_line(s)
+    assert "stalled 6" in line and "steps/s" not in line, line
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(render_screen(s))
+    screen = console.export_text()
+    assert "stalled 6" in screen and "ETA" not in screen, screen
+    store.append_history({"t": time.time(), "len": 100, "kind": "es", "p": 0.5, "f_mu": -1.0, "version": 21})
+    moving = gather(client, "quiet")
+    assert moving["stalled_s"] is None and "steps/s" in render_line(moving)
