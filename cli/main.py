@@ -465,6 +465,64 @@ def runs(redis_url) -> None:
                    f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(created))}")
 
 
+# -- config: the resolved settings of a run, as a file to edit ------------------------------------------
+@cli.group("config")
+def config_group() -> None:
+    """Run configurations."""
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string
+
+
+def config_toml(cfg: RunConfig, keep_run_id: bool = False) -> str:
+    """The settings of `cfg` as TOML, each under a comment with its help (and "departure" where it is
+    this project's departure from the paper), ready for `run --config FILE`."""
+    from aesrl_queue.config import field_docs
+
+    lines = [f"# aesrl-queue run config: {cfg.algo} on {cfg.env_id} (aesrl-queue config show)",
+             "# run it with: aesrl-queue run --config FILE (options given beside --config override it)", ""]
+    for name, default, help_text, departure in field_docs():
+        value = getattr(cfg, name)
+        if name == "run_id" and not keep_run_id:
+            value = ""
+        note = "  [departure from the paper: docs/decisions.md]" if departure else ""
+        changed = "" if value == default or name in ("env_id", "run_id") else f"  [default {_toml_value(default)}]"
+        lines.append(f"# {help_text}{note}{changed}")
+        lines.append(f"{name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@config_group.command("show")
+@click.option("--env", "env_id", default=None, help="Gymnasium environment id, e.g. Pendulum-v1.")
+@click.option("--algo", type=click.Choice(ALGOS), default=None, help="Algorithm (default aesrl).")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A TOML or JSON file of config fields to start from (--env overrides its env_id).")
+def config_show(env_id, algo, config_file) -> None:
+    """Print the resolved config of a run as TOML, one comment per field: the environment's preset
+    and the algorithm's defaults applied. Save it, edit it, and pass it back with `run --config FILE`."""
+    cfg = build_config(env_id, config_file, algo=algo)
+    keep = False
+    if config_file:
+        import tomllib
+
+        try:
+            text = Path(config_file).read_text()
+            data = tomllib.loads(text) if config_file.endswith(".toml") else json.loads(text)
+            keep = bool(data.get("run_id"))
+        except (OSError, ValueError, AttributeError):
+            keep = False
+    click.echo(config_toml(cfg, keep_run_id=keep), nl=False)
+
+
 # -- run: everything on one machine -------------------------------------------------------------------
 @cli.command("run")
 @click.option("--redis-url", default=None,
@@ -503,15 +561,21 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
 
     \b
     The progress line, e.g.
-      f(μ)~ -812.4  12,600/40,000 (32%) ━━━╌╌╌  412 steps/s  ETA 1m06s  elapsed 0m31s  v88 es 60 rl 28 critic v9
-    f(μ)~     mean of the last 10 estimates of f(μ), the return of μ (the mean policy), one episode each
-    N/M (P%)  stored env steps of the budget
-    steps/s   stored steps per second, smoothed over about a minute; the ETA is the steps left at that rate
-    elapsed   time since the progress line started
-    phase     what the run waits for, when it waits: random actions (before --initial-steps), waiting for
-              critic, critic N steps behind, training RL individuals (RL jobs in hand, no step stored
-              for 3 s), or a problem and its remedy
-    vN es N rl N critic vN   version of μ (updates applied), ES and RL individuals applied, critic version
+      f(μ)~ -812.4  12,600/40,000 (32%)  412 steps/s  ETA 1m06s  elapsed 0m31s
+      training RL individuals (2)  v88 es 60 rl 28 critic v9
+    f(μ)~      mean of the last 10 estimates of f(μ), the return of μ (the
+               mean policy), each one episode
+    N/M (P%)   stored env steps of the budget
+    steps/s    stored steps per second, smoothed over about a minute
+    ETA        the steps left at that rate
+    elapsed    time since the progress line started
+    phase      what the run waits for, when it waits: random actions (before
+               --initial-steps), waiting for critic, critic N steps behind,
+               training RL individuals (RL jobs in hand, no step stored for
+               3 s), or a problem and what to do
+    vN es N rl N critic vN
+               version of μ (updates applied), ES and RL individuals
+               applied, version of the critic
     """
     from aesrl_queue.store import Store
     from cli.launch import launch
