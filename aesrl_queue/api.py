@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from aesrl_queue.config import ConfigError, RunConfig
-from aesrl_queue.envs import ENVS_VAR
+from aesrl_queue.envs import ENV_IDS, ENVS_VAR
 from aesrl_queue.local import LocalRun, Refused
 from aesrl_queue.progress import Snapshot
 
@@ -80,9 +80,10 @@ def _env_registration(env: str) -> tuple[str, dict[str, dict[str, Any]]]:
     if env not in gym.registry:
         return env, {}  # RunConfig.resolve names the problem and the closest ids
     spec = gym.spec(env)
-    ep = _entry_point(spec.entry_point, env)
-    if ep.startswith(("gymnasium.", "aesrl_queue.")):
+    if env in ENV_IDS:
         return env, {}  # every process registers these itself
+    # Every other registration is handed over: a child skips an id it already knows (gymnasium's own).
+    ep = _entry_point(spec.entry_point, env)
     reg = {"entry_point": ep, "kwargs": dict(spec.kwargs or {}), "max_episode_steps": spec.max_episode_steps}
     try:
         json.dumps(reg)
@@ -200,7 +201,8 @@ def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int 
         raise ConfigError("run_id", f"{run_dir} already exists: load({str(run_dir)!r}).resume() continues it, "
                                     "or pass another run_id")
     _hand_over(registrations)
-    if registrations:
+    if any(not reg["entry_point"].startswith("gymnasium.envs.") for reg in registrations.values()):
+        # the caller's own environment: Run.resume in a new process registers it again from here
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / ENVS_FILE).write_text(json.dumps(registrations, indent=2))
     local = LocalRun(cfg, workers, redis_url=redis_url, out_dir=str(out), say=_say)
