@@ -155,9 +155,9 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
         outcome = outcome or f"stopped by {type(exc).__name__}"
         raise
     finally:
+        local.close(outcome)  # first: it holds a second Ctrl-C back from the files it writes
         if bar is not None:
             bar.close()
-        local.close(outcome)
         if outcome == "interrupted":
             say(f"interrupted: {local.run_dir} holds the run so far; aesrl_queue.load({str(local.run_dir)!r})"
                 ".resume() continues it")
