@@ -107,7 +107,7 @@ def test_watch_shows_moving_numbers_and_sigterm_to_the_launcher_writes_the_run_f
     assert launcher.wait(90) == 128 + signal.SIGTERM, procs.log("launcher")
     log = procs.log("launcher")
     assert "terminated (SIGTERM): stopping the children" in log, log
-    assert re.search(r"f\(μ\) -?[\d.]+\s+[\d,]+/1,000,000 \(\d+%\)", log), log  # plain progress lines
+    assert re.search(r"f\(μ\)~ (-?[\d.]+|-)\s+[\d,]+/1,000,000 \(\d+%\)", log), log  # plain progress lines
     wait_for(lambda: not live_workers(client), 20, what="workers to stop")
     assert store.status() == "stopped"
     run_dir = out_dir / run
@@ -147,8 +147,8 @@ def test_run_on_a_terminal_shows_a_progress_bar_and_writes_critic_metrics(redis_
         child.close(force=True)
     text = screen_text(child.before)
     assert child.exitstatus == 0, text[-3000:]
-    # The line: f(μ) first, stored steps against the budget, a bar, steps/s and ETA, redrawn in place.
-    assert "━" in text and re.search(r"f\(μ\) -?[\d.]+\s+[\d,]+/2,400 \(\d+%\)\s+[━╌]+\s+[\d,]+ steps/s\s+ETA",
+    # The line: f(μ)~ first, stored steps against the budget, a bar, steps/s and ETA, redrawn in place.
+    assert "━" in text and re.search(r"f\(μ\)~ -?[\d.]+\s+[\d,]+/2,400 \(\d+%\)\s+[━╌]+\s+[\d,]+ steps/s\s+ETA",
                                      text), text[-3000:]
     assert "run folder" in text and "finished" in text
     assert os.path.isfile(tmp_path / "runs" / run / "metrics.jsonl")
