@@ -1,11 +1,18 @@
 """Cheap test and simulation environments, registered with gymnasium on import.
 
 AesrlNull-v0 (no CPU cost), AesrlSleep-v0 (timed episodes that sleep) and AesrlNaN-v0 (bad data).
+
+Also the environments a user registered in the process that called `aesrl_queue.train`: it hands
+their registrations to its child processes in $AESRL_ENVS (JSON: id -> gymnasium.register keyword
+arguments, entry point as "module:Class"), and every process that imports this module registers
+them, so that the workers it started make the same environment.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from typing import Any
 
@@ -119,13 +126,23 @@ ENV_IDS = {
 }
 
 
+ENVS_VAR = "AESRL_ENVS"
+
+
 def register_envs() -> None:
-    """Register the project's environments once per process (safe to call again)."""
+    """Register the project's environments, and those of $AESRL_ENVS, once per process (safe to call again)."""
     for env_id, entry_point in ENV_IDS.items():
         if env_id not in gym.registry:
             # No max_episode_steps: the envs truncate themselves at their episode_len kwarg,
             # which a fixed TimeLimit could not follow.
             gym.register(id=env_id, entry_point=entry_point)
+    try:
+        handed = json.loads(os.environ.get(ENVS_VAR) or "{}")
+    except ValueError:
+        handed = {}
+    for env_id, kwargs in handed.items() if isinstance(handed, dict) else ():
+        if env_id not in gym.registry and isinstance(kwargs, dict):
+            gym.register(id=env_id, **kwargs)
 
 
 register_envs()

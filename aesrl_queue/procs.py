@@ -172,6 +172,11 @@ class ProcessGroup:
         return stop_all(self.procs, grace=grace)
 
 
+def start_critic_command(run_id: str, url: str) -> str:
+    """The command that starts a critic daemon for a run, as a user pastes it (`url` already redacted)."""
+    return f"aesrl-queue critic start --run {run_id} --redis-url {url}"
+
+
 def worker_command(url: str, burst: bool = False, name: str | None = None) -> list[str]:
     """The command line of one `rq worker` of ours (AesrlWorker, both queues, RL first)."""
     cmd = [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u", url,

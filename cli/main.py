@@ -289,7 +289,7 @@ def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project=None)
         return None
     from pathlib import Path
 
-    from cli.metrics import MetricsWriter
+    from aesrl_queue.metrics import MetricsWriter
 
     run_dir = Path(out_dir or "runs") / cfg.run_id
     try:
@@ -304,8 +304,8 @@ def _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project=None)
 
 
 def _finish_run_folder(metrics, out_dir, run_id) -> None:
+    from aesrl_queue.local import write_run_folder
     from aesrl_queue.store import Store
-    from cli.launch import write_run_folder
 
     metrics.close()
     if out_dir:
@@ -465,6 +465,64 @@ def runs(redis_url) -> None:
                    f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(created))}")
 
 
+# -- config: the resolved settings of a run, as a file to edit ------------------------------------------
+@cli.group("config")
+def config_group() -> None:
+    """Run configurations."""
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string
+
+
+def config_toml(cfg: RunConfig, keep_run_id: bool = False) -> str:
+    """The settings of `cfg` as TOML, each under a comment with its help (and "departure" where it is
+    this project's departure from the paper), ready for `run --config FILE`."""
+    from aesrl_queue.config import field_docs
+
+    lines = [f"# aesrl-queue run config: {cfg.algo} on {cfg.env_id} (aesrl-queue config show)",
+             "# run it with: aesrl-queue run --config FILE (options given beside --config override it)", ""]
+    for name, default, help_text, departure in field_docs():
+        value = getattr(cfg, name)
+        if name == "run_id" and not keep_run_id:
+            value = ""
+        note = "  [departure from the paper: docs/decisions.md]" if departure else ""
+        changed = "" if value == default or name in ("env_id", "run_id") else f"  [default {_toml_value(default)}]"
+        lines.append(f"# {help_text}{note}{changed}")
+        lines.append(f"{name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@config_group.command("show")
+@click.option("--env", "env_id", default=None, help="Gymnasium environment id, e.g. Pendulum-v1.")
+@click.option("--algo", type=click.Choice(ALGOS), default=None, help="Algorithm (default aesrl).")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A TOML or JSON file of config fields to start from (--env overrides its env_id).")
+def config_show(env_id, algo, config_file) -> None:
+    """Print the resolved config of a run as TOML, one comment per field: the environment's preset
+    and the algorithm's defaults applied. Save it, edit it, and pass it back with `run --config FILE`."""
+    cfg = build_config(env_id, config_file, algo=algo)
+    keep = False
+    if config_file:
+        import tomllib
+
+        try:
+            text = Path(config_file).read_text()
+            data = tomllib.loads(text) if config_file.endswith(".toml") else json.loads(text)
+            keep = bool(data.get("run_id"))
+        except (OSError, ValueError, AttributeError):
+            keep = False
+    click.echo(config_toml(cfg, keep_run_id=keep), nl=False)
+
+
 # -- run: everything on one machine -------------------------------------------------------------------
 @cli.command("run")
 @click.option("--redis-url", default=None,
@@ -497,7 +555,27 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
     Shows progress, and at the end (or on Ctrl-C) stops every child and writes a run folder with
     config.json, metrics.jsonl, policy.npz (μ; also every --snapshot-every minutes) and summary.json.
     The embedded Redis keeps an AOF in the run folder: `run --resume RUN_FOLDER` continues the run.
-    An existing run id is refused unless --resume or --force is given.
+    An existing run id is refused unless --resume or --force is given. Ctrl-C stops the run within a
+    few seconds (a second one kills the children at once; policy.npz and summary.json are written
+    either way).
+
+    \b
+    The progress line, e.g.
+      f(μ)~ -812.4  12,600/40,000 (32%)  412 steps/s  ETA 1m06s  elapsed 0m31s
+      training RL individuals (2)  v88 es 60 rl 28 critic v9
+    f(μ)~      mean of the last 10 estimates of f(μ), the return of μ (the
+               mean policy), each one episode
+    N/M (P%)   stored env steps of the budget
+    steps/s    stored steps per second, smoothed over about a minute
+    ETA        the steps left at that rate
+    elapsed    time since the progress line started
+    phase      what the run waits for, when it waits: random actions (before
+               --initial-steps), waiting for critic, critic N steps behind,
+               training RL individuals (RL jobs in hand, no step stored for
+               3 s), or a problem and what to do
+    vN es N rl N critic vN
+               version of μ (updates applied), ES and RL individuals
+               applied, version of the critic
     """
     from aesrl_queue.store import Store
     from cli.launch import launch
@@ -530,7 +608,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
         given = given_options(env_id, config_file, kw)
 
         def check(store):
-            from cli.launch import Refused
+            from aesrl_queue.local import Refused
 
             if not store.exists():
                 raise Refused(f"resume: the Redis data in {run_dir / 'redis'} holds no run {store.run_id!r}")
@@ -574,14 +652,14 @@ def _check_rq() -> None:
 def _check_extras(tensorboard_dir, wandb_project) -> None:
     """Refuse a missing optional package before anything starts."""
     if tensorboard_dir:
-        from cli.metrics import TENSORBOARD_MISSING
+        from aesrl_queue.metrics import TENSORBOARD_MISSING
 
         try:
             import tensorboard  # noqa: F401
         except ImportError:
             fail(f"tensorboard: {TENSORBOARD_MISSING}")
     if wandb_project:
-        from cli.metrics import WANDB_MISSING
+        from aesrl_queue.metrics import WANDB_MISSING
 
         try:
             import wandb  # noqa: F401

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from cli.metrics import read_metrics
+from aesrl_queue.metrics import read_metrics
 
 # Config fields that never make two runs different algorithms.
 IGNORED_FIELDS = {"seed", "run_id", "created_at", "total_steps", "spec_hash", "job_timeout", "result_ttl",

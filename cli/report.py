@@ -10,15 +10,11 @@ import numpy as np
 import redis
 
 from aesrl_queue.codec import CodecError
+from aesrl_queue.optimizers import rl_target
+from aesrl_queue.progress import STALLED_AFTER
 from aesrl_queue.store import Store, live_workers, worker_ages
-from scheduler.problems import start_critic_command
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
-# The summary warns of an RL share this far from its target once this many results are applied: the
-# P controller steers the share to ρ* (0.42 against 0.50 after 45 updates in docs/guide.md §2), so
-# 0.2 off means RL jobs did not happen (no critic, failing RL jobs); 20 results keep a short run quiet.
-RL_SHARE_TOLERANCE = 0.2
-RL_SHARE_MIN_RESULTS = 20
 
 
 def redis_now(client: redis.Redis) -> float:
@@ -54,7 +50,7 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         "best_fitness": st.get("best_fitness", math.nan), "results_applied": st["results_applied"],
         "rl_applied": st["rl_applied"], "es_applied": st["es_applied"], "dispatched": st["dispatched"],
         "failed": st["failed"], "rejected": st["rejected"], "replaced": st["replaced"], "stale": st["stale"],
-        "rl_target": _rl_target(cfg),
+        "rl_target": rl_target(cfg),
         "n_rl": st["n_rl"], "n_es": st["n_es"],
         "critic_version": st["critic_version"], "critic_steps": st["critic_steps"],
         "critic_steps_per_s": st.get("critic_steps_per_s", 0.0), "critic_loss": st.get("critic_loss", math.nan),
@@ -90,6 +86,11 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         out.update(sigma_mean=None, sigma_min=None, sigma_max=None, f_mu_trend=0.0, f_mu_series=[], f_mu_range=None,
                    steps_per_s=0.0, last_p={"es": [], "rl": []}, trend_updates=0, last_update_age=None,
                    rl_share_recent=0.0)
+    # seconds a live run has applied nothing (None while updates come): a rate and an ETA of the
+    # last window would be stale, so the views say "stalled Ns" instead
+    quiet = out["last_update_age"] if hist else (now - st["started_at"] if st.get("started_at") else None)
+    live = out["status"] in ("running", "draining")
+    out["stalled_s"] = quiet if live and quiet is not None and quiet >= STALLED_AFTER else None
     out["initial_steps"] = cfg.initial_steps
     workers = live_workers(client)
     names = sorted(workers)
@@ -131,7 +132,7 @@ def render(s: dict[str, Any]) -> str:
         f"  σ mean {_f(s['sigma_mean'], '.4g')}  min {_f(s['sigma_min'], '.4g')}  max {_f(s['sigma_max'], '.4g')}"
         f"  version {s['version']}",
         f"  steps {s['steps']:,}/{s['total_steps']:,} ({pct:.1f}%)  interactions {s['interactions']:,}  "
-        f"steps/s {_f(s['steps_per_s']) if s['status'] in ('running', 'draining') else '-'}  "
+        f"{_rate_text(s, '.1f')}  "
         f"elapsed {s['elapsed']:.0f}s",
         f"  RL share {s['rl_share']:.2f} (target {s['rl_target']:.2f})  applied es {s['es_applied']} "
         f"rl {s['rl_applied']}  last p es {s['last_p']['es']} rl {s['last_p']['rl']}",
@@ -149,56 +150,24 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _rate_text(s: dict[str, Any], fmt: str) -> str:
+    """`steps/s N` while updates come, `stalled Ns` when a live run has applied nothing for a while."""
+    if s.get("stalled_s") is not None:
+        return f"stalled {s['stalled_s']:.0f}s"
+    live = s["status"] in ("running", "draining")
+    return f"steps/s {_f(s['steps_per_s'], fmt) if live else '-'}"
+
+
 def render_line(s: dict[str, Any]) -> str:
     """One plain line of a run's status (for `status --watch` off a terminal, e.g. into a log)."""
     total = s["total_steps"] or 1
-    live = s["status"] in ("running", "draining")
     line = (f"{time.strftime('%H:%M:%S')} {s['run']} {s['status']}  f(μ) {_f(s['f_mu'])}  "
             f"steps {s['steps']:,}/{s['total_steps']:,} ({100.0 * s['steps'] / total:.1f}%)  "
-            f"steps/s {_f(s['steps_per_s'], ',.0f') if live else '-'}  es {s['es_applied']} rl {s['rl_applied']}  "
+            f"{_rate_text(s, ',.0f')}  es {s['es_applied']} rl {s['rl_applied']}  "
             f"critic v{s['critic_version']}  workers {len(s['workers'])}")
     if s.get("problem_hint"):
         line += f"  problem: {s['problem_hint']}"
     return line
-
-
-def _rl_target(cfg) -> float:
-    """The RL share the algorithm aims at: ρ* of the P controller, half of each CEM generation, none
-    for es; td3 has no ES/RL split (NaN)."""
-    if cfg.algo == "es":
-        return 0.0
-    if cfg.algo in ("cemrl", "pcemrl"):
-        return 0.5
-    if cfg.algo == "td3":
-        return math.nan
-    return float(cfg.rl_ratio)
-
-
-def summary_numbers(client: redis.Redis, run_id: str) -> dict[str, Any]:
-    """The end-of-run summary: first and last f(μ), counts, rates."""
-    store = Store(client, run_id)
-    hist = store.history()
-    st = store.state()
-    f_mus = [h["f_mu"] for _, h in hist if isinstance(h.get("f_mu"), float) and math.isfinite(h["f_mu"])]
-    head = f_mus[: max(1, len(f_mus) // 10)]
-    tail = f_mus[-max(1, len(f_mus) // 10):]
-    elapsed = (st.get("finished_at") or st.get("updated_at") or time.time()) - st.get("started_at", time.time())
-    applied = st["rl_applied"] + st["es_applied"]
-    share, target = (st["rl_applied"] / applied if applied else 0.0), _rl_target(store.config())
-    warnings = []
-    if applied >= RL_SHARE_MIN_RESULTS and abs(share - target) > RL_SHARE_TOLERANCE:  # False for td3 (NaN)
-        why = (f"no critic trained (start `{start_critic_command(store)}` beside the run)" if not st["critic_version"]
-               else "RL jobs failed or were held (see failed, and the problem lines of the scheduler's log)")
-        warnings.append(f"RL share {share:.2f} against a target of {target:.2f}: {why}")
-    return {
-        "run": run_id, "status": st.get("status"), "steps": st["steps"], "interactions": st["interactions"],
-        "results_applied": st["results_applied"], "rl_applied": st["rl_applied"], "es_applied": st["es_applied"],
-        "failed": st["failed"], "rejected": st["rejected"], "replaced": st["replaced"],
-        "critic_version": st["critic_version"], "elapsed_s": round(elapsed, 1),
-        "f_mu_first": float(np.mean(head)) if head else None, "f_mu_last": float(np.mean(tail)) if tail else None,
-        "f_mu_final": st.get("f_mu"), "best_fitness": st.get("best_fitness"),
-        "rl_share": round(share, 3), "rl_target": target, "warnings": warnings,
-    }
 
 
 def safe_gather(client: redis.Redis, run_id: str) -> dict[str, Any] | str:

@@ -74,10 +74,13 @@ def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> 
     left = max(0, s["total_steps"] - s["steps"])
     live_run = s["status"] in ("running", "draining")
     eta = _dur(left / rate) if rate > 0 and s["status"] == "running" else "-"
+    if s.get("stalled_s") is not None:  # nothing applied for a while: the last window's rate is stale
+        speed = Text(f"stalled {s['stalled_s']:.0f}s (no update applied)", style="yellow")
+    else:
+        speed = Text(f"{_num(s['steps_per_s'], ',.0f') if live_run else '-'} steps/s   ETA {eta}")
     grid.add_row("steps", Text.assemble(f"{s['steps']:,} / {s['total_steps']:,} ", (_bar(frac), "cyan"),
-                                        f" {100 * frac:5.1f}%   "
-                                        f"{_num(s['steps_per_s'], ',.0f') if live_run else '-'} steps/s   "
-                                        f"ETA {eta}   elapsed {_dur(s['elapsed'])}"))
+                                        f" {100 * frac:5.1f}%   ", speed,
+                                        f"   elapsed {_dur(s['elapsed'])}"))
     grid.add_row("", f"interactions {s['interactions']:,} (all env steps, μ evaluations included)")
     recent = s.get("rl_share_recent", 0.0)
     share_style = "green" if abs(recent - s["rl_target"]) <= 0.15 else "yellow"

@@ -11,14 +11,10 @@ write replaces whatever an earlier scheduler of the run left there.
 from __future__ import annotations
 
 from aesrl_queue.connection import client_url
+from aesrl_queue.procs import start_critic_command
 from aesrl_queue.store import Store
 
 ORDER = ("jobs", "critic")  # the first source with something to say is shown
-
-
-def start_critic_command(store: Store) -> str:
-    """The command that starts a critic daemon for the run, as a user pastes it (a password as ***)."""
-    return f"aesrl-queue critic start --run {store.run_id} --redis-url {client_url(store.r)}"
 
 
 class ProblemLine:
@@ -45,7 +41,7 @@ class ProblemLine:
         if problem is None:
             self.set("critic", None)
             return
-        command = start_critic_command(self.store)
+        command = start_critic_command(self.store.run_id, client_url(self.store.r))
         self.set("critic", (f"{problem[0]}; start one: {command}", f"{problem[1]}: {command}"))
 
     def flush(self) -> None:

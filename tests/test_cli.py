@@ -121,3 +121,49 @@ def test_a_fresh_run_starts_and_writes_its_outputs_under_runs(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     assert json.loads((run_dir / "config.json").read_text())["run_id"] == "fresh"
     assert Path(run_dir / "summary.json").is_file()
+
+
+def _settings(cfg) -> dict:
+    out = cfg.to_dict()
+    for name in ("run_id", "created_at", "spec_hash"):
+        out.pop(name)
+    return out
+
+
+@pytest.mark.parametrize("algo", ["aesrl", "es"])
+def test_config_show_round_trips_through_run_config(tmp_path, algo):
+    from aesrl_queue.config import RunConfig, field_docs
+
+    shown = aq("config", "show", "--env", "Pendulum-v1", "--algo", algo)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    for name, _default, help_text, departure in field_docs():
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(f"{name} = "))
+        assert lines[at - 1].startswith(f"# {help_text}"), (name, lines[at - 1])
+        assert ("departure from the paper" in lines[at - 1]) == departure, (name, lines[at - 1])
+    path = tmp_path / "c.toml"
+    path.write_text(shown.stdout)
+    # what `run --config FILE` builds is the config `run --env Pendulum-v1 --algo A` builds
+    again = RunConfig.from_file(path).resolve()
+    assert _settings(again) == _settings(RunConfig.from_preset("Pendulum-v1", algo=algo).resolve())
+    assert again.run_id != ""  # a fresh id per run: the file leaves it empty
+    # a file given to `config show` comes back with its settings (and its run id) applied
+    edited = tmp_path / "e.toml"
+    edited.write_text(shown.stdout.replace("rl_ratio = 0.5", "rl_ratio = 0.3").replace('run_id = ""', 'run_id = "mine"'))
+    shown2 = aq("config", "show", "--config", str(edited))
+    assert shown2.returncode == 0, shown2.stderr
+    assert "rl_ratio = 0.3" in shown2.stdout and 'run_id = "mine"' in shown2.stdout
+
+
+def test_the_example_config_is_what_config_show_prints():
+    shown = aq("config", "show", "--env", "Pendulum-v1")
+    assert shown.returncode == 0, shown.stderr
+    assert (ROOT / "examples" / "config.toml").read_text() == shown.stdout
+
+
+def test_run_help_explains_the_progress_line():
+    out = aq("run", "--help")
+    assert out.returncode == 0
+    for field in ("f(μ)~", "mean of the last 10 estimates", "smoothed", "ETA", "training RL individuals",
+                  "waiting for critic", "random actions", "critic vN", "version of the critic"):
+        assert field in out.stdout, field

@@ -232,6 +232,7 @@ def test_errors_are_one_line_and_evaluate_reads_run_folders(first_run, tmp_path,
 
 # -- progress -----------------------------------------------------------------------------------------
 def test_progress_line_fits_80_columns_with_f_mu_first():
+    from aesrl_queue.progress import Snapshot
     from cli.launch import Phase, progress_line
 
     cfg = RunConfig.from_preset("Pendulum-v1", run_id="p", total_steps=40_000, initial_steps=2000).resolve()
@@ -240,20 +241,49 @@ def test_progress_line_fits_80_columns_with_f_mu_first():
     phase = Phase(cfg)
     label = phase.label(st, now=100.0)
     assert phase.label(st, now=112.0) == "waiting for critic 12 s"
+
+    def snap(status="running", rate=648.0, phase_text=""):
+        return Snapshot(steps=12_600, total_steps=40_000, status=status, f_mu=-1263.37, f_mu_last=-1000.0, rate=rate,
+                        eta=27_400 / rate, elapsed=3725.0, phase=phase_text, version=123456, es_applied=99999,
+                        rl_applied=88888, critic_version=0, state=st)
+
     for width in (60, 80, 120):
-        line = progress_line(st, cfg, 648.0, 3725.0, phase.label(st, now=112.0), width=width)
-        assert len(line) <= width and line.startswith("f(μ) -1263.4"), line
+        line = progress_line(snap(phase_text=phase.label(st, now=112.0)), width=width)
+        assert len(line) <= width and line.startswith("f(μ)~ -1263.4"), line
         assert "12,600/40,000" in line, line
         assert width < 80 or "waiting for critic 12 s" in line, line
+    assert "ETA 0m42s" in progress_line(snap(), 120)  # 27,400 steps left at 648 steps/s
     assert label.startswith("waiting for critic")
     assert Phase(cfg).label(dict(st, steps=100)) == "random actions"
     # With a critic: nothing to say while it keeps within critic_lag, its lag when the scheduler holds jobs.
     assert Phase(cfg).label(dict(st, critic_version=3, critic_steps=12_000)) == ""
     assert Phase(cfg).label(dict(st, critic_version=3, critic_steps=1_000)) == "critic 11,600 steps behind"
+    # RL jobs in hand and no step stored for a while: the run waits for them.
+    busy = dict(st, critic_version=3, critic_steps=12_000)
+    assert Phase(cfg).label(busy, rl_jobs=2, idle=5.0) == "training RL individuals (2)"
+    assert Phase(cfg).label(busy, rl_jobs=2, idle=0.5) == ""
     hint = Phase(cfg).label(dict(st, problem_hint="plain rq worker: use -w workers.AesrlWorker"))
     assert hint == "plain rq worker: use -w workers.AesrlWorker"
-    stopped = progress_line(dict(st, status="stopped"), cfg, 8004.6, 10.0, "stopped", width=80)
+    stopped = progress_line(snap(status="stopped", phase_text="stopped"), width=80)
     assert "steps/s" not in stopped and "ETA" not in stopped
+
+
+def test_smoothed_rate_keeps_the_eta_steady_through_a_slow_stretch():
+    from aesrl_queue.progress import Rate
+
+    rate = Rate(tau=60.0)
+    steps = 0
+    for t in range(121):  # two minutes at 100 steps/s
+        rate.add(float(t), steps)
+        steps += 100
+    assert rate.value == pytest.approx(100.0, rel=0.01)
+    for t in range(121, 141):  # 20 s with nothing stored (RL jobs training)
+        rate.add(float(t), steps)
+    assert 50.0 < rate.value < 100.0  # down by a third, not to zero
+    fresh = Rate(tau=60.0)
+    fresh.add(0.0, 0)
+    fresh.add(10.0, 5000)
+    assert fresh.add(20.0, 5000) == pytest.approx(250.0)  # before tau: the mean since the start
 
 
 @pytest.mark.slow
@@ -267,10 +297,10 @@ def test_progress_line_on_an_80_column_terminal(tmp_path):
     assert child.exitstatus == 0, child.before[-3000:]
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
     pieces = [p for p in re.split(r"[\r\n]+", text) if p.strip()]
-    progress = [p for p in pieces if re.match(r"f\(μ\) -?\d+\.\d", p.strip())]
+    progress = [p for p in pieces if re.match(r"f\(μ\)~ (-?\d+\.\d|-)", p.strip())]
     assert progress, pieces[-20:]
     assert all(len(p.rstrip()) <= 80 for p in progress), [p for p in progress if len(p.rstrip()) > 80]
-    assert any(re.match(r"f\(μ\) -?\d+\.\d\s+1,200/1,200 \(100%\)", p.strip()) for p in progress), progress[-5:]
+    assert any(re.match(r"f\(μ\)~ -?\d+\.\d\s+1,200/1,200 \(100%\)", p.strip()) for p in progress), progress[-5:]
 
 
 # -- a plain `rq worker` ------------------------------------------------------------------------------

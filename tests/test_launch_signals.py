@@ -8,14 +8,21 @@ applied updates)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from cli import launch
+from aesrl_queue import local as launch
+from tests.conftest import ROOT, child_env, wait_for
 
 
 class Pass:
@@ -85,3 +92,90 @@ def test_a_quiet_pass_holds_ctrl_c_back_raises_nothing_and_puts_the_handler_back
     assert launch.poll_metrics(Quiet()) is None
     assert len(during) == 1 and during[0][0] is not before and during[0][1], during  # held back while it ran
     assert signal.getsignal(signal.SIGINT) is before and not launch._deferring
+
+
+# -- Ctrl-C of a real `aesrl-queue run` --------------------------------------------------------------
+RUN = [sys.executable, "-m", "cli.main", "run", "--env", "Pendulum-v1", "--steps", "40000", "--initial-steps", "400",
+       "--workers", "2", "--hidden", "16,16", "--critic-hidden", "32,32"]
+
+
+def _children(pid: int) -> list[int]:
+    """Every live process below `pid` (from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def _interrupt_a_run_with_rl_jobs_in_hand(tmp_path: Path, presses: int) -> tuple[subprocess.CompletedProcess, Path, list[int]]:
+    """Start a local run, wait until a worker trains an RL individual, press Ctrl-C `presses` times
+    (0.2 s apart); the finished launcher, its run folder and the children it had."""
+    import redis
+
+    from aesrl_queue.store import live_workers
+
+    out, err_path = tmp_path / "runs", tmp_path / "run.err"
+    err = open(err_path, "w")  # noqa: SIM115
+    launcher = subprocess.Popen([*RUN, "--run-id", "cc", "--out", str(out)], stdout=subprocess.PIPE, stderr=err,
+                                env=child_env(), cwd=ROOT, text=True)
+    try:
+        def url():
+            m = re.search(r"embedded Redis on (redis://\S+)", err_path.read_text())
+            return m.group(1) if m else None
+
+        wait_for(url, 60, what="the embedded Redis")
+        r = redis.Redis.from_url(url())
+        wait_for(lambda: any(w.get("kind") == "rl" for w in live_workers(r).values()), 300, interval=0.2,
+                 what="an RL job in hand", on_fail=err_path.read_text)
+        kids = _children(launcher.pid)
+        assert len(kids) >= 5, kids  # redis-server, 2 workers, critic, scheduler
+        t0 = time.monotonic()
+        for i in range(presses):
+            if i:
+                time.sleep(0.2)
+            launcher.send_signal(signal.SIGINT)
+        stdout, _ = launcher.communicate(timeout=120)
+        print(f"{presses} Ctrl-C: the launcher exited {time.monotonic() - t0:.2f} s after the first")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        err.close()
+    res = subprocess.CompletedProcess(launcher.args, launcher.returncode, stdout, err_path.read_text())
+    return res, out / "cc", kids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_of_a_run_says_what_it_does_and_leaves_the_policy_and_summary(tmp_path, presses) -> None:
+    res, folder, kids = _interrupt_a_run_with_rl_jobs_in_hand(tmp_path, presses)
+    assert res.returncode == 130, res.stderr[-3000:]
+    said = [ln for ln in res.stderr.splitlines() if "stopping the children" in ln]
+    assert said == ["interrupted: stopping the children (workers, critic, scheduler); "
+                    "writing policy.npz and summary.json"], res.stderr[-3000:]
+    assert "aborted" not in res.stderr
+    stopped = re.search(r"\(interrupted, stopped in ([\d.]+) s\)", res.stdout)
+    assert stopped, res.stdout
+    print(f"{presses} Ctrl-C: stopped in {stopped.group(1)} s (the launcher's own measure)")
+    assert all(_gone(p) for p in kids), [p for p in kids if not _gone(p)]
+    with np.load(folder / "policy.npz") as npz:
+        assert npz["steps"] >= 400 and np.isfinite(npz["mu"]).all()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["steps"] >= 400 and summary["status"] == "stopped", summary

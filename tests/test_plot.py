@@ -73,8 +73,8 @@ def test_runs_that_differ_only_by_seed_form_one_group(tmp_path):
 
 def preset_run(folder, algo, seed, env_id="Pendulum-v1", **kw):
     """A run folder whose config.json is the resolved preset of algo, as `aesrl-queue run` writes it."""
+    from aesrl_queue.codec import json_default as _json_safe
     from aesrl_queue.config import RunConfig
-    from cli.launch import _json_safe
 
     write_run(folder, algo=algo, seed=seed, rl_every=0 if algo == "es" else 2, **kw)
     cfg = RunConfig.from_preset(env_id, algo=algo, seed=seed, run_id=folder.name).resolve()

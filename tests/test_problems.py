@@ -128,7 +128,7 @@ def test_an_exception_in_the_job_function_reaches_status_with_what_to_do(tmp_pat
 ])
 def test_the_summary_says_when_the_rl_share_ended_far_from_its_target(client, algo, rl, es, critic, warned):
     from aesrl_queue.config import RunConfig
-    from cli.report import summary_numbers
+    from aesrl_queue.local import summary_numbers
 
     store = Store(client, "sum")
     store.write_config(RunConfig.from_preset("AesrlNull-v0", algo=algo, run_id="sum").resolve())

@@ -107,7 +107,7 @@ def test_watch_shows_moving_numbers_and_sigterm_to_the_launcher_writes_the_run_f
     assert launcher.wait(90) == 128 + signal.SIGTERM, procs.log("launcher")
     log = procs.log("launcher")
     assert "terminated (SIGTERM): stopping the children" in log, log
-    assert re.search(r"f\(μ\) -?[\d.]+\s+[\d,]+/1,000,000 \(\d+%\)", log), log  # plain progress lines
+    assert re.search(r"f\(μ\)~ (-?[\d.]+|-)\s+[\d,]+/1,000,000 \(\d+%\)", log), log  # plain progress lines
     wait_for(lambda: not live_workers(client), 20, what="workers to stop")
     assert store.status() == "stopped"
     run_dir = out_dir / run
@@ -147,8 +147,8 @@ def test_run_on_a_terminal_shows_a_progress_bar_and_writes_critic_metrics(redis_
         child.close(force=True)
     text = screen_text(child.before)
     assert child.exitstatus == 0, text[-3000:]
-    # The line: f(μ) first, stored steps against the budget, a bar, steps/s and ETA, redrawn in place.
-    assert "━" in text and re.search(r"f\(μ\) -?[\d.]+\s+[\d,]+/2,400 \(\d+%\)\s+[━╌]+\s+[\d,]+ steps/s\s+ETA",
+    # The line: f(μ)~ first, stored steps against the budget, a bar, steps/s and ETA, redrawn in place.
+    assert "━" in text and re.search(r"f\(μ\)~ -?[\d.]+\s+[\d,]+/2,400 \(\d+%\)\s+[━╌]+\s+[\d,]+ steps/s\s+ETA",
                                      text), text[-3000:]
     assert "run folder" in text and "finished" in text
     assert os.path.isfile(tmp_path / "runs" / run / "metrics.jsonl")
@@ -179,3 +179,30 @@ def test_scheduler_start_out_writes_the_run_folder_as_it_goes(redis_url, client,
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
     assert (run_dir / "policy.npz").is_file() and (run_dir / "config.json").is_file()
     assert f"run folder {run_dir}" in procs.log("scheduler")
+
+
+def test_a_run_that_applied_nothing_for_a_while_shows_stalled_not_a_stale_rate(client):
+    from aesrl_queue.config import RunConfig
+    from cli.report import gather, render_line
+    from cli.watch import render_screen
+
+    cfg = RunConfig.from_preset("AesrlNull-v0", run_id="quiet", total_steps=10_000).resolve()
+    store = Store(client, "quiet")
+    store.write_config(cfg)
+    t = time.time()
+    for i in range(20):  # 100 steps a second, then nothing for a minute
+        store.append_history({"t": t - 80 + i, "len": 100, "kind": "es", "p": 0.5, "f_mu": -1.0, "version": i})
+    store.set_state(status="running", started_at=t - 90, steps=2000)
+    s = gather(client, "quiet")
+    assert s["stalled_s"] is not None and s["stalled_s"] >= 60, s["stalled_s"]
+    line = render_line(s)
+    assert "stalled 6" in line and "steps/s" not in line, line
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(render_screen(s))
+    screen = console.export_text()
+    assert "stalled 6" in screen and "ETA" not in screen, screen
+    store.append_history({"t": time.time(), "len": 100, "kind": "es", "p": 0.5, "f_mu": -1.0, "version": 21})
+    moving = gather(client, "quiet")
+    assert moving["stalled_s"] is None and "steps/s" in render_line(moving)

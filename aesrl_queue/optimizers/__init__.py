@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,18 @@ def load_optimizer(cfg: RunConfig, state: dict[str, Any]) -> Optimizer:
     return make_optimizer(cfg, state["mean"]).load_state(state)
 
 
+def rl_target(cfg: RunConfig) -> float:
+    """The RL share an algorithm aims at: ρ* of the P controller, half of each CEM generation, none
+    for es; td3 has no ES/RL split (NaN)."""
+    if cfg.algo == "es":
+        return 0.0
+    if cfg.algo in SYNC_ALGOS:
+        return 0.5
+    if cfg.algo == "td3":
+        return math.nan
+    return float(cfg.rl_ratio)
+
+
 def needs_workers(cfg: RunConfig) -> bool:
     """TD3 runs in the scheduler process; every other algorithm evaluates on RQ workers."""
     return cfg.algo != "td3"
@@ -63,4 +76,4 @@ def needs_critic_daemon(cfg: RunConfig) -> bool:
 
 __all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "SYNC_ALGOS", "AesrlOptimizer", "CemOptimizer", "Evaluated", "JobSpec",
            "Optimizer", "OptimizerFailed", "Update", "generation_seed", "job_id", "job_seed", "load_optimizer",
-           "make_optimizer", "needs_critic_daemon", "needs_workers", "uses_rl"]
+           "make_optimizer", "needs_critic_daemon", "needs_workers", "rl_target", "uses_rl"]

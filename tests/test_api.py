@@ -1,0 +1,120 @@
+"""The Python API (aesrl_queue.train / load / Run) from plain Python scripts, on real processes:
+a run to completion, a run interrupted with Ctrl-C (SIGINT) and resumed, a user-registered env."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, child_env, wait_for
+
+SMALL = "hidden=(16, 16), critic_hidden=(32, 32), initial_steps=400, workers=2"
+
+
+def script(tmp_path: Path, name: str, body: str) -> list[str]:
+    path = tmp_path / f"{name}.py"
+    path.write_text("import json, sys\nimport aesrl_queue as aq\n" + textwrap.dedent(body))
+    return [sys.executable, str(path)]
+
+
+def python(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def test_bad_config_fields_are_one_line_config_errors(tmp_path) -> None:
+    from aesrl_queue import ConfigError, train
+
+    for kwargs, field in (({"rl_ratoi": 0.3}, "rl_ratoi"), ({"rl_ratio": 2.0}, "rl_ratio"),
+                          ({"workers": 0}, "workers"), ({"r_kinds": "es"}, "r_kinds")):
+        with pytest.raises(ConfigError) as err:
+            train("Pendulum-v1", out=tmp_path, progress=False, **kwargs)
+        assert err.value.field == field and "\n" not in str(err.value), str(err.value)
+    with pytest.raises(ConfigError, match="env_id"):
+        train("no.such.module:Env", out=tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+@pytest.mark.slow
+def test_train_to_completion_evaluate_and_a_user_registered_env(tmp_path) -> None:
+    res = python(script(tmp_path, "full", f"""
+        run = aq.train("Pendulum-v1", steps=1200, out="runs", run_id="full", {SMALL})
+        m = run.metrics
+        act = run.policy([1.0, 0.0, 0.0])
+        ev = run.evaluate(episodes=2, seed=0)
+        again = aq.load("runs/full").evaluate(episodes=2, seed=0)
+        # an id registered by this script, its class in an importable module
+        import gymnasium as gym
+        gym.register(id="MyNull-v0", entry_point="aesrl_queue.envs:NullEnv", kwargs={{"episode_len": 40}})
+        mine = aq.train("MyNull-v0", algo="es", steps=400, workers=1, hidden=(8, 8), out="runs", run_id="mine",
+                        progress=False)
+        print(json.dumps({{"folder": str(run.folder), "summary": run.summary, "algo": run.config.algo,
+                          "rows": len(m), "types": sorted(set(m["type"])), "act": [float(a) for a in act],
+                          "ev": ev, "again": again, "mine": mine.summary, "mine_env": mine.config.env_id}}))
+        """), tmp_path)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["summary"]["status"] == "finished" and out["summary"]["steps"] >= 1200, out["summary"]
+    assert out["algo"] == "aesrl" and out["rows"] >= 6 and "update" in out["types"]
+    assert len(out["act"]) == 1 and -2.0 <= out["act"][0] <= 2.0
+    assert len(out["ev"]["returns"]) == 2 and out["ev"]["mean"] < 0 and out["ev"] == out["again"]
+    assert "full: 100%" in res.stderr  # the tqdm bar reached the budget
+    assert out["mine"]["status"] == "finished" and out["mine_env"] == "MyNull-v0", out["mine"]
+    assert (tmp_path / "runs" / "mine" / "envs.json").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_train_and_load_resume_finishes_it(tmp_path) -> None:
+    err_path = tmp_path / "train.err"
+    cmd = script(tmp_path, "long", f"""
+        try:
+            aq.train("Pendulum-v1", steps=40_000, out="runs", run_id="cut", {SMALL})
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt reached the caller")
+            sys.exit(3)
+        """)
+    with open(err_path, "w") as err:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=child_env(), cwd=tmp_path, text=True)
+        try:
+            folder = tmp_path / "runs" / "cut"
+
+            def stored():
+                try:
+                    return sum(1 for ln in (folder / "metrics.jsonl").read_text().splitlines()
+                               if '"type": "update"' in ln) >= 4
+                except OSError:
+                    return False
+
+            wait_for(stored, 300, interval=0.5, what="a few applied updates", on_fail=err_path.read_text)
+            t0 = time.monotonic()
+            child.send_signal(signal.SIGINT)
+            stdout, _ = child.communicate(timeout=120)
+            print(f"train() stopped {time.monotonic() - t0:.2f} s after SIGINT")
+        finally:
+            if child.poll() is None:
+                child.kill()
+    said = err_path.read_text()
+    assert child.returncode == 3 and "KeyboardInterrupt reached the caller" in stdout, said[-3000:]
+    assert "interrupted: stopping the children" in said and "load(" in said, said[-2000:]
+    cut = json.loads((folder / "summary.json").read_text())
+    assert cut["status"] == "stopped" and (folder / "policy.npz").exists(), cut
+    budget = cut["steps"] + 600
+    res = python(script(tmp_path, "resume", f"""
+        run = aq.load("runs/cut")
+        before = len(run.metrics)
+        run = run.resume(steps={budget}, workers=2, progress=False)
+        print(json.dumps({{"before": before, "after": len(run.metrics), "summary": run.summary,
+                          "total": run.config.total_steps, "ev": run.evaluate(episodes=2)}}))
+        """), tmp_path)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["summary"]["status"] == "finished" and out["summary"]["steps"] >= budget, out["summary"]
+    assert out["total"] == budget and out["after"] > out["before"] > 0
+    assert len(out["ev"]["returns"]) == 2
+    assert str(ROOT)  # the scripts ran with the checkout on PYTHONPATH (child_env)
