@@ -62,6 +62,8 @@ MODES = {
 CRITIC_PARAMS = 260_402  # HalfCheetah's twin 400-300 critics; critic + target: 2.08 MB per version
 KNEE_EFFICIENCY = 0.8  # the knee: the first point below 80% of the ideal W / job seconds
 GBE_MBPS = 117.0  # what one 1 Gbit/s link carries in TCP payload, MB/s
+LINKS = {"1 GbE": GBE_MBPS, "10 GbE": 10 * GBE_MBPS}
+JOB_SECONDS = (1.0, 5.0)  # the job times the capacity table is computed for
 
 
 # == simulated worker host (a child process: `scale.py _host ...`) =========================================
@@ -332,6 +334,10 @@ class Point:
             # Replica reads that found their key / polls that did not yet (a job waiting for its version).
             "replica_hits_per_result": (b["rep_hits"] - a["rep_hits"]) / per,
             "replica_misses_per_result": (b["rep_misses"] - a["rep_misses"]) / per,
+            # What the primary sends per result for each host's copy of the run (replica) or, without
+            # one, for all of the host's workers together.
+            "out_MB_per_result_per_host": net["out"] / per / 1e6 / n_hosts,
+            "loadavg": list(os.getloadavg()),
         }
 
 
@@ -405,6 +411,40 @@ def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> 
     return {**out, "workers": knee["workers"], "bottleneck": name, "why": why}
 
 
+def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Workers one primary carries, per mix and set-up, on each link and job time: the results/s that
+    the first of the link (bytes out per result), Redis's command thread and the scheduler's loop
+    allows (each from the busiest measured point of that mix and set-up), times the job seconds."""
+    out = []
+    for share in sorted({r["rl_share_target"] for r in rows}):
+        for reps in (0, 1):
+            pts = [r for r in rows if r["rl_share_target"] == share and bool(r["replicas"]) == bool(reps)]
+            if not pts:
+                continue
+            best = max(pts, key=lambda r: r["results_per_s"])
+            for link, mbps in LINKS.items():
+                limits = {"link": mbps / max(1e-9, best["out_MB_per_result"]),
+                          "redis": 1e3 / max(1e-9, best["redis_ms_per_result"]),
+                          "scheduler": 1e3 / max(1e-9, best["scheduler_ms_per_result"])}
+                first = min(limits, key=limits.get)
+                out.append({"rl_share": share, "replicas": bool(reps), "hosts": best["hosts"], "link": link,
+                            "at_workers": best["workers"], "out_MB_per_result": best["out_MB_per_result"],
+                            "results_per_s": limits[first], "bound_by": first,
+                            "workers": {f"{t:g}s": int(limits[first] * t) for t in JOB_SECONDS}})
+    return out
+
+
+def render_capacity(cap: list[dict[str, Any]]) -> str:
+    lines = ["workers one primary carries (from the per-result costs at the busiest point of each set-up):"]
+    for c in cap:
+        mix = "ES" if c["rl_share"] == 0 else f"AES-RL {c['rl_share']:.0%}"
+        setup = f"{c['hosts']} hosts with a replica each" if c["replicas"] else f"{c['hosts']} hosts, no replica"
+        jobs = ", ".join(f"{n} with {t} jobs" for t, n in c["workers"].items())
+        lines.append(f"  {mix:11s} {setup:28s} {c['link']:6s}: {c['results_per_s']:7.0f} results/s "
+                     f"(bound by {c['bound_by']}; {c['out_MB_per_result']:.3f} MB out/result) -> {jobs}")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mode = MODES["quick" if args.quick else "full"]
 
@@ -420,6 +460,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.warm = mode["warm"] if args.warm is None else args.warm
     args.window = mode["window"] if args.window is None else args.window
     rows = []
+    load_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="aesrl-scale-") as tmp:
         for n, reps, share in points:
             t = time.monotonic()
@@ -432,7 +473,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     return {
         "benchmark": "scale", "mode": "quick" if args.quick else "full", "rows": rows, "knee": find_knee(rows, cores),
-        "knee_rl_mix": find_knee(rows, cores, args.rl_share),
+        "knee_rl_mix": find_knee(rows, cores, args.rl_share), "capacity": capacity(rows),
         "settings": {"episode_s": args.episode_s, "episode_len": args.episode_len, "per_host": args.per_host,
                      "train_s": args.train_s, "rl_share": args.rl_share, "critic_every_s": args.critic_every,
                      "critic_bytes": 2 * CRITIC_PARAMS * 4,
@@ -440,6 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      "episode_bytes": args.episode_len * (2 * EP_OBS + EP_ACT + 2) * 4,
                      "warm_s": args.warm, "window_s": args.window},
         "machine": {"cores": cores, "python": platform.python_version(), "redis_server": find_redis_server(),
+                    "loadavg_start": load_start,
                     "date": datetime.now().isoformat(timespec="seconds"), "loadavg_end": list(os.getloadavg())},
     }
 
@@ -486,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  ceilings on machines of their own (results/s, from the costs at the busiest point): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in knee["ceilings"].items())
                   + f" — first: {knee['first_limit_on_own_machines']}")
+    print("\n" + render_capacity(data["capacity"]))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2))
