@@ -1,4 +1,5 @@
-"""How far one scheduler and one Redis primary carry a run: 8 → 256 simulated workers, with and without replicas.
+"""How far one scheduler and one Redis primary carry a run: 8 → 256 simulated workers, each host reading the
+primary, a replica of it, or the relay that `aesrl-queue worker` starts (workers/relay.py).
 
 A simulated worker is a real AesrlWorker (RQ's own dequeue and bookkeeping, heartbeats) in a thread;
 its job does every Redis call of an ES job (the start script, μ/var download — from a replica when
@@ -54,10 +55,11 @@ HIDDEN = (423, 300)
 EP_OBS, EP_ACT = 17, 6
 MODES = {
     # ES-only worker counts without / with a replica per host; the same for the RL mix; seconds.
-    "quick": {"workers": (8, 32, 128), "replicas": (128,), "rl_workers": (), "rl_replicas": (),
-              "warm": 1.0, "window": 3.0},
-    "full": {"workers": (8, 16, 32, 64, 128, 256), "replicas": (32, 64, 128, 256),
-             "rl_workers": (8, 32, 64, 128), "rl_replicas": (32, 64, 128), "warm": 4.0, "window": 10.0},
+    "quick": {"workers": (8, 32, 128), "replicas": (128,), "relays": (128,), "rl_workers": (), "rl_replicas": (),
+              "rl_relays": (), "warm": 1.0, "window": 3.0},
+    "full": {"workers": (8, 32, 128, 256), "replicas": (64, 256), "relays": (32, 64, 128, 256),
+             "rl_workers": (8, 32, 64), "rl_replicas": (64, 128), "rl_relays": (32, 64, 128), "warm": 4.0,
+             "window": 10.0},
 }
 CRITIC_PARAMS = 260_402  # HalfCheetah's twin 400-300 critics; critic + target: 2.08 MB per version
 KNEE_EFFICIENCY = 0.8  # the knee: the first point below 80% of the ideal W / job seconds
@@ -169,6 +171,10 @@ def host_main(args: argparse.Namespace) -> None:
     import aesrl_queue.numpy_actor  # noqa: F401 - what the first job would import (before heartbeats start)
     if args.read_url:
         os.environ["AESRL_READ_URL"] = args.read_url
+    if args.relay:  # the host's relay, as `aesrl-queue worker` runs it beside its workers
+        from workers.relay import Relay
+
+        Relay(redis.Redis.from_url(args.url), redis.Redis.from_url(args.read_url)).start()
     SimJob.sim = (args.episode_s, args.episode_len, args.train_s)
 
     class SimWorker(ww.AesrlWorker):
@@ -210,9 +216,10 @@ def net_bytes(client: redis.Redis) -> dict[str, int]:
 class Point:
     """One scale point: a fresh primary (+ replicas), hosts of simulated workers, a scheduler."""
 
-    def __init__(self, workers: int, replicas: bool, rl_share: float, args: argparse.Namespace, tmp: Path) -> None:
-        self.n, self.replicas, self.rl_share, self.args = workers, replicas, rl_share, args
-        self.tmp = tmp / f"w{workers}-rl{rl_share:g}-{'rep' if replicas else 'plain'}"
+    def __init__(self, workers: int, copy: str, rl_share: float, args: argparse.Namespace, tmp: Path) -> None:
+        """`copy`: what each host reads the run's data from: "" (the primary), "replica" or "relay"."""
+        self.n, self.copy, self.rl_share, self.args = workers, copy, rl_share, args
+        self.tmp = tmp / f"w{workers}-rl{rl_share:g}-{copy or 'plain'}"
         self.tmp.mkdir(parents=True)
         self.kids = Children(self.tmp)
         self.servers: list[RedisServer] = []
@@ -237,10 +244,10 @@ class Point:
         n_hosts = max(1, math.ceil(self.n / args.per_host))
         sizes = [self.n // n_hosts + (1 if h < self.n % n_hosts else 0) for h in range(n_hosts)]
         reps: list[RedisServer] = []
-        if self.replicas:
+        if self.copy:
             for h in range(n_hosts):
-                rep = RedisServer(directory=self.tmp / f"replica{h}",
-                                  extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+                rep = RedisServer(directory=self.tmp / f"{self.copy}{h}", extra_args=[
+                    "--replicaof", "127.0.0.1", str(primary.port)] if self.copy == "replica" else []).start()
                 self.servers.append(rep)
                 reps.append(rep)
         hosts = []
@@ -249,7 +256,7 @@ class Point:
                    "--prefix", f"h{h}", "--episode-s", str(args.episode_s), "--episode-len", str(args.episode_len),
                    "--train-s", str(args.train_s)]
             if reps:
-                cmd += ["--read-url", reps[h].url]
+                cmd += ["--read-url", reps[h].url, *(["--relay"] if self.copy == "relay" else [])]
             hosts.append(self.kids.start(f"host{h}", cmd))
         # The scheduler starts beside them: it sizes the jobs in flight by the heartbeats it sees.
         run_id = f"scale-{self.n}-{uuid.uuid4().hex[:6]}"
@@ -269,7 +276,7 @@ class Point:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.n} simulated workers did not heartbeat:\n{self.kids.log_tail('host0')}")
             time.sleep(0.2)
-        for rep in reps:
+        for rep in reps if self.copy == "replica" else ():
             rc = redis.Redis.from_url(rep.url)
             while rc.info("replication").get("master_link_status") != "up":
                 if time.monotonic() > deadline:
@@ -314,7 +321,9 @@ class Point:
         ideal = self.n / (args.episode_s + self.rl_share * args.train_s)
         per = max(1, applied)
         return {
-            "workers": self.n, "replicas": len(reps), "hosts": n_hosts, "rl_share_target": self.rl_share,
+            "workers": self.n, "replicas": len(reps) if self.copy == "replica" else 0,
+            "relays": len(reps) if self.copy == "relay" else 0, "copy": self.copy or "none", "hosts": n_hosts,
+            "rl_share_target": self.rl_share,
             "rl_share": sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist)),
             "results_per_s": rate, "ideal_per_s": ideal,
             "efficiency": rate / ideal, "versions_per_result": (b["version"] - a["version"]) / per,
@@ -354,7 +363,8 @@ class Point:
 
 # == report =================================================================================================
 COLUMNS = (
-    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("rl_share", "RL", "{:.0%}"),
+    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("relays", "relay", "{:d}"),
+    ("rl_share", "RL", "{:.0%}"),
     ("results_per_s", "results/s", "{:.1f}"),
     ("efficiency", "of ideal", "{:.0%}"), ("scheduler_cores", "sched cores", "{:.2f}"),
     ("redis_cores", "redis cores", "{:.2f}"), ("replica_cores", "repl cores", "{:.2f}"),
@@ -378,7 +388,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> dict[str, Any]:
     """The first point (no replicas, this RL share) below KNEE_EFFICIENCY of ideal, what ran out there, and
     the ceiling of each part were it on a machine of its own (from the busiest point's costs per result)."""
-    plain = [r for r in rows if r["replicas"] == 0 and r["rl_share_target"] == rl_share]
+    plain = [r for r in rows if r.get("copy", "none") == "none" and r["rl_share_target"] == rl_share]
     if not plain:
         return {"workers": None, "bottleneck": "no points without replicas", "why": "", "ceilings": {}}
     best = max(plain, key=lambda r: r["results_per_s"])
@@ -417,8 +427,8 @@ def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     allows (each from the busiest measured point of that mix and set-up), times the job seconds."""
     out = []
     for share in sorted({r["rl_share_target"] for r in rows}):
-        for reps in (0, 1):
-            pts = [r for r in rows if r["rl_share_target"] == share and bool(r["replicas"]) == bool(reps)]
+        for copy in ("none", "replica", "relay"):
+            pts = [r for r in rows if r["rl_share_target"] == share and r.get("copy", "none") == copy]
             if not pts:
                 continue
             best = max(pts, key=lambda r: r["results_per_s"])
@@ -427,7 +437,7 @@ def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                           "redis": 1e3 / max(1e-9, best["redis_ms_per_result"]),
                           "scheduler": 1e3 / max(1e-9, best["scheduler_ms_per_result"])}
                 first = min(limits, key=limits.get)
-                out.append({"rl_share": share, "replicas": bool(reps), "hosts": best["hosts"], "link": link,
+                out.append({"rl_share": share, "copy": copy, "hosts": best["hosts"], "link": link,
                             "at_workers": best["workers"], "out_MB_per_result": best["out_MB_per_result"],
                             "results_per_s": limits[first], "bound_by": first,
                             "workers": {f"{t:g}s": int(limits[first] * t) for t in JOB_SECONDS}})
@@ -438,7 +448,7 @@ def render_capacity(cap: list[dict[str, Any]]) -> str:
     lines = ["workers one primary carries (from the per-result costs at the busiest point of each set-up):"]
     for c in cap:
         mix = "ES" if c["rl_share"] == 0 else f"AES-RL {c['rl_share']:.0%}"
-        setup = f"{c['hosts']} hosts with a replica each" if c["replicas"] else f"{c['hosts']} hosts, no replica"
+        setup = f"{c['hosts']} hosts" + (f", a {c['copy']} each" if c["copy"] != "none" else ", no copy")
         jobs = ", ".join(f"{n} with {t} jobs" for t, n in c["workers"].items())
         lines.append(f"  {mix:11s} {setup:28s} {c['link']:6s}: {c['results_per_s']:7.0f} results/s "
                      f"(bound by {c['bound_by']}; {c['out_MB_per_result']:.3f} MB out/result) -> {jobs}")
@@ -453,21 +463,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return list(default)
         return [int(x) for x in given.split(",") if x.strip()]
 
-    points = [(n, False, 0.0) for n in counts_of(args.workers, mode["workers"])]
-    points += [(n, True, 0.0) for n in counts_of(args.replica_workers, mode["replicas"])]
-    points += [(n, False, args.rl_share) for n in counts_of(args.rl_workers, mode["rl_workers"])]
-    points += [(n, True, args.rl_share) for n in counts_of(args.rl_replica_workers, mode["rl_replicas"])]
+    points = [(n, "", 0.0) for n in counts_of(args.workers, mode["workers"])]
+    points += [(n, "replica", 0.0) for n in counts_of(args.replica_workers, mode["replicas"])]
+    points += [(n, "relay", 0.0) for n in counts_of(args.relay_workers, mode["relays"])]
+    points += [(n, "", args.rl_share) for n in counts_of(args.rl_workers, mode["rl_workers"])]
+    points += [(n, "replica", args.rl_share) for n in counts_of(args.rl_replica_workers, mode["rl_replicas"])]
+    points += [(n, "relay", args.rl_share) for n in counts_of(args.rl_relay_workers, mode["rl_relays"])]
     args.warm = mode["warm"] if args.warm is None else args.warm
     args.window = mode["window"] if args.window is None else args.window
     rows = []
     load_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="aesrl-scale-") as tmp:
-        for n, reps, share in points:
+        for n, copy, share in points:
             t = time.monotonic()
-            row = Point(n, reps, share, args, Path(tmp)).run()
+            row = Point(n, copy, share, args, Path(tmp)).run()
             row["point_s"] = time.monotonic() - t
             rows.append(row)
-            print(f"  {n:4d} workers{' + replicas' if reps else ''}{f', RL {share:.0%}' if share else ''}: "
+            print(f"  {n:4d} workers{f' + {copy}s' if copy else ''}{f', RL {share:.0%}' if share else ''}: "
                   f"{row['results_per_s']:.1f} results/s ({row['efficiency']:.0%} of ideal) in {row['point_s']:.0f}s",
                   file=sys.stderr, flush=True)
     cores = os.cpu_count() or 1
@@ -492,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         hp = argparse.ArgumentParser()
         hp.add_argument("--url", required=True)
         hp.add_argument("--read-url", default="")
+        hp.add_argument("--relay", action="store_true")
         hp.add_argument("--threads", type=int, required=True)
         hp.add_argument("--prefix", required=True)
         hp.add_argument("--episode-s", type=float, required=True)
@@ -503,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 worker counts + 1 replica point, short windows (<60 s)")
     ap.add_argument("--workers", default=None, help="comma-separated worker counts without replicas")
     ap.add_argument("--replica-workers", default=None, help="worker counts to repeat with one replica per host ('' for none)")
+    ap.add_argument("--relay-workers", default=None, help="worker counts to repeat with one relay per host ('' for none)")
+    ap.add_argument("--rl-relay-workers", default=None, help="worker counts of the RL mix with relays ('' for none)")
     ap.add_argument("--rl-workers", default=None, help="worker counts of the RL mix without replicas ('' for none)")
     ap.add_argument("--rl-replica-workers", default=None, help="worker counts of the RL mix with replicas ('' for none)")
     ap.add_argument("--rl-share", type=float, default=0.5, help="target share of RL jobs in the RL mix")

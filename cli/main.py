@@ -431,7 +431,7 @@ def _start_relay(primary):
         click.echo(f"no relay ({exc}); workers read everything from the primary", err=True)
         return None
     # No persistence: everything in it is a copy, refilled from the primary after a restart.
-    local = RedisServer(extra_args=["--save", "", "--appendonly", "no"]).start()
+    local = RedisServer().start()
     atexit.register(local.cleanup)
     Relay(primary, _connect(local.url)).start()
     click.echo(f"relay on {local.url}: one copy of each version for this machine's workers", err=True)
