@@ -232,9 +232,8 @@ class Scheduler:
         refs_at = None
         if opt.version != published:
             # Only the last version is ever current in Redis, so only it is published.
-            store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe)
-            refs_at = len(pipe)
-            store.read_refs(pipe)
+            refs_at = len(pipe) + 1
+            store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe, read_refs=True)
         store.save_checkpoint("optimizer", opt.state(), pipe=pipe)
         store.forget_jobs(pending.forget, pipe=pipe)
         self.dispatch.enqueue(specs, pipe=pipe)

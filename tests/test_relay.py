@@ -68,6 +68,10 @@ def test_relay_copies_versions_critic_and_the_replay_of_rl_runs_only(client, loc
     relay.step()
     assert rl.dist_blobs(4, client=local) == rl.dist_blobs(4)
     assert [i.decode() for i, _f in local.xrange(rl.key("replay"))][-3:] == ids
+    # Only what a replay mirror decodes crosses to the host: 4 observations, not the whole episode.
+    entry = local.xrange(rl.key("replay"))[-1][1]
+    assert set(entry) == {b"len", b"job", b"obs"}
+    assert rl.decode_episode("x", entry, obs_only=True)["obs"].shape == (4, rl_cfg.obs_dim)
     assert relay.stats["versions"] == 3 and relay.stats["critics"] == 1
     # A finished run is no longer followed.
     es.set_state(status="finished")
