@@ -5,10 +5,11 @@ Redis on this host's loopback, which the host's workers read as they would read 
 A replica receives every write of the run (each episode, each RL individual, RQ's bookkeeping); the
 relay copies only what the host's workers read: the config, each published μ/var version once, the
 critic when its version changes, and the replay's observations only for runs that make RL jobs
-(ES-only runs need none of it). The keys and their names are the primary's, so the workers' reads do not change, and
-they are correct under lag for the replica's reasons: every key copied is immutable once written
-(`dist:{v}`, `config`, replay entries) or checked against the version the primary named (`critic`);
-a version the relay has not copied yet is read from the primary after a bounded wait.
+(ES-only runs need none of it). The keys and their names are the primary's, so the workers' reads
+do not change, and they are correct under lag for the replica's reasons: every key copied is
+immutable once written (`dist:{v}`, `config`, replay entries) or checked against the version the
+primary named (`critic`); a version the relay has not copied yet is read from the primary after a
+bounded wait (0.25 s), and a relay that is down is skipped the same way.
 
 `aesrl-queue worker --processes N` starts a loopback redis-server and this relay beside its workers.
 """
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 # its μ/var to reach the host (one HGET per followed run per look, two for RL runs: 200-400 commands a
 # second per host).
 POLL_S = 0.005
-# Seconds a copied μ/var version stays on the host: a job reads its version right after the primary
-# names it, so only the newest few are ever read.
+# Seconds a copied μ/var version stays on the host once superseded: a job reads its version right
+# after the primary names it, so only the newest few are ever read.
 DIST_TTL_S = 120
 RUNS_EVERY_S = 1.0  # seconds between looks for runs to follow (new, finished)
 ACTIVE = ("created", "running", "draining")
@@ -115,7 +116,8 @@ class Relay:
         mu, var = decode_dist(version, *blobs, r.store.config().actor_dim)
         pipe = self.local.pipeline(transaction=False)
         r.copy.publish_dist(version, mu, var, pipe=pipe)
-        r.copy.drop_dists([version], ttl=DIST_TTL_S, pipe=pipe)
+        if r.version >= 0:  # superseded: jobs that named it a moment ago still find it
+            r.copy.drop_dists([r.version], ttl=DIST_TTL_S, pipe=pipe)
         r.copy.set_state(pipe=pipe, version=version)  # what an unpaired f(μ) reads as current
         pipe.execute()
         r.version = version
