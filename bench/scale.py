@@ -368,7 +368,10 @@ class Point:
         while not self.stop.is_set():
             version += 1
             with contextlib.suppress(redis.RedisError):
+                # What the critic daemon writes: the weights, and in the state its version and a step
+                # count that keeps up with the replay (the scheduler then never holds jobs for it).
                 store.publish_critic(version, weights)
+                store.set_state(critic_version=version, critic_steps=10**12)
             self.stop.wait(self.args.critic_every)
 
 
