@@ -462,10 +462,11 @@ class Store:
         resp = c.xread({self.key(name): after}, count=count, block=block_ms)
         return [(_text(i), f) for _, entries in resp for i, f in entries] if resp else []
 
-    def relay_replay(self, dest: redis.Redis, after: str, count: int = 500) -> str | None:
+    def relay_replay(self, dest: redis.Redis, after: str, count: int = 500) -> tuple[str, int] | None:
         """Copy up to `count` replay entries after `after` into the same stream on `dest` (a host's
         relay), under their own ids and with the fields a replay mirror keeps (len, job, obs), and
-        drop there what the primary dropped. Returns the last id copied, None when nothing was new.
+        drop there what the primary dropped. Returns the last id copied and the bytes of the fields
+        copied, None when nothing was new.
         After "0-0" it starts after what `dest` already holds (a relay that restarted)."""
         key = self.key("replay")
         if after == "0-0":
@@ -475,13 +476,15 @@ class Store:
         if not rows:
             return None
         pipe = dest.pipeline(transaction=False)
+        size = 0
         for entry_id, fields in rows:
             pipe.xadd(key, dict(zip(fields[::2], fields[1::2], strict=True)), id=entry_id)
+            size += sum(len(f) for f in fields)
         first = self.r.xrange(key, count=1)
         if first:
             pipe.xtrim(key, minid=first[0][0])
         pipe.execute()
-        return _text(rows[-1][0])
+        return _text(rows[-1][0]), size
 
     # -- results --------------------------------------------------------------------------------
     def append_result(self, fields: dict[str, Any], extra_interactions: int = 0) -> str:

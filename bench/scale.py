@@ -163,6 +163,31 @@ class SimJob(Job):
         return functools.partial(simulated_evaluate, self.connection, *SimJob.sim)
 
 
+def relay_main(args: argparse.Namespace) -> None:
+    """One host's relay in a process of its own, as `aesrl-queue worker` runs it beside (not inside)
+    its worker processes."""
+    from workers.relay import Relay
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    relay = Relay(redis.Redis.from_url(args.url), redis.Redis.from_url(args.local))
+    relay.start()
+    out = Path(args.stats)
+    while True:  # its payload counters, for the measurement window
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(relay.stats))
+        tmp.replace(out)
+        time.sleep(0.1)
+
+
+def relay_bytes(files: list[Path]) -> int:
+    """Payload bytes the relays received from the primary so far (their stats files)."""
+    total = 0
+    for f in files:
+        with contextlib.suppress(OSError, ValueError):
+            total += int(json.loads(f.read_text())["bytes"])
+    return total
+
+
 def host_main(args: argparse.Namespace) -> None:
     """One simulated host: `--threads` AesrlWorkers in threads of this process."""
     import workers.worker as ww
@@ -171,10 +196,7 @@ def host_main(args: argparse.Namespace) -> None:
     import aesrl_queue.numpy_actor  # noqa: F401 - what the first job would import (before heartbeats start)
     if args.read_url:
         os.environ["AESRL_READ_URL"] = args.read_url
-    if args.relay:  # the host's relay, as `aesrl-queue worker` runs it beside its workers
-        from workers.relay import Relay
 
-        Relay(redis.Redis.from_url(args.url), redis.Redis.from_url(args.read_url)).start()
     SimJob.sim = (args.episode_s, args.episode_len, args.train_s)
 
     class SimWorker(ww.AesrlWorker):
@@ -265,8 +287,12 @@ class Point:
                    "--prefix", f"h{h}", "--episode-s", str(args.episode_s), "--episode-len", str(args.episode_len),
                    "--train-s", str(args.train_s)]
             if reps:
-                cmd += ["--read-url", reps[h].url, *(["--relay"] if self.copy == "relay" else [])]
+                cmd += ["--read-url", reps[h].url]
             hosts.append(self.kids.start(f"host{h}", cmd))
+        relay_stats = [self.tmp / f"relay{h}.json" for h in range(len(reps) if self.copy == "relay" else 0)]
+        relays = [self.kids.start(f"relay{h}", [sys.executable, str(Path(__file__).resolve()), "_relay", "--url",
+                                                 primary.url, "--local", reps[h].url, "--stats", str(f)])
+                  for h, f in enumerate(relay_stats)]
         # The scheduler starts beside them: it sizes the jobs in flight by the heartbeats it sees.
         run_id = f"scale-{self.n}-{uuid.uuid4().hex[:6]}"
         cfg_file = self.tmp / "run.json"
@@ -310,7 +336,8 @@ class Point:
             rep_stats = [c.info("stats") for c in rep_clients]
             return {"t": time.monotonic(), "applied": st["results_applied"], "version": st["version"],
                     "sched": proc_cpu_s(sched.pid), "sched_loop": thread_cpu_s(sched.pid, sched.pid), "redis": proc_cpu_s(primary.proc.pid),
-                    "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps),
+                    "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps) + sum(proc_cpu_s(p.pid) for p in relays),
+                    "relay_in": relay_bytes(relay_stats),
                     "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(), "net": net_bytes(client),
                     "cmds": int(client.info("stats")["total_commands_processed"]),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
@@ -357,6 +384,8 @@ class Point:
             # What the primary sends per result for each host's copy of the run (replica) or, without
             # one, for all of the host's workers together.
             "out_MB_per_result_per_host": net["out"] / per / 1e6 / n_hosts,
+            # Of that, what the relays received (one copy per host: versions, critic, replay observations).
+            "relay_MB_per_result_per_host": (b["relay_in"] - a["relay_in"]) / per / 1e6 / n_hosts,
             "loadavg": list(os.getloadavg()),
         }
 
@@ -515,11 +544,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_relay"]:
+        rp = argparse.ArgumentParser()
+        rp.add_argument("--url", required=True)
+        rp.add_argument("--local", required=True)
+        rp.add_argument("--stats", required=True)
+        relay_main(rp.parse_args(argv[1:]))
+        return 0
     if argv[:1] == ["_host"]:
         hp = argparse.ArgumentParser()
         hp.add_argument("--url", required=True)
         hp.add_argument("--read-url", default="")
-        hp.add_argument("--relay", action="store_true")
         hp.add_argument("--threads", type=int, required=True)
         hp.add_argument("--prefix", required=True)
         hp.add_argument("--episode-s", type=float, required=True)

@@ -22,6 +22,7 @@ import time
 
 import redis
 
+from aesrl_queue import codec
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import load_config_blob
 from aesrl_queue.optimizers import uses_rl
@@ -59,6 +60,7 @@ class Relay:
         self.stop = stop or threading.Event()
         self.runs: dict[str, _Run] = {}
         self._runs_at = -RUNS_EVERY_S
+        # bytes: the payload received from the primary (μ/var, critic weights, replay observations)
         self.stats = {"versions": 0, "bytes": 0, "critics": 0, "replay_reads": 0, "errors": 0}
 
     def run(self) -> None:
@@ -125,19 +127,22 @@ class Relay:
         self.stats["bytes"] += len(blobs[0]) + len(blobs[1])
 
     def _copy_critic(self, r: _Run) -> None:
-        got = r.store.read_critic()
+        got = r.store.critic_blob()
         if got is None:
             return
-        r.copy.publish_critic(*got)
-        r.critic = got[0]
+        version, blob = got
+        r.copy.publish_critic(version, codec.unpack(blob, what="critic weights"))
+        r.critic = version
         self.stats["critics"] += 1
+        self.stats["bytes"] += len(blob)
 
     def _copy_replay(self, r: _Run) -> None:
         """The replay entries stored since the last look, under their own ids, with the fields the
         workers' replay mirrors keep (observations: 68 of 168 KB per HalfCheetah episode)."""
         while True:
-            last = r.store.relay_replay(self.local, r.replay_last, count=500)
-            if last is None:
+            got = r.store.relay_replay(self.local, r.replay_last, count=500)
+            if got is None:
                 return
-            r.replay_last = last
+            r.replay_last = got[0]
             self.stats["replay_reads"] += 1
+            self.stats["bytes"] += got[1]
