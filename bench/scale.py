@@ -343,8 +343,23 @@ class Point:
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
                     "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats)}
 
+        # The versions the scheduler publishes (commits that moved μ), seen by polling the state every 5 ms.
+        seen = {"changes": 0}
+
+        def watch() -> None:
+            last = store.current_version()
+            while not done.is_set():
+                v = store.current_version()
+                seen["changes"] += v != last
+                last = v
+                time.sleep(0.005)
+
+        done = threading.Event()
+        watcher = threading.Thread(target=watch, daemon=True)
         a = snap()
+        watcher.start()
         time.sleep(args.window)
+        done.set()
         b = snap()
         if sched.poll() is not None:
             raise RuntimeError(f"the scheduler exited during the window:\n{self.kids.log_tail('scheduler')}")
@@ -363,6 +378,7 @@ class Point:
             "rl_share": sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist)),
             "results_per_s": rate, "ideal_per_s": ideal,
             "efficiency": rate / ideal, "versions_per_result": (b["version"] - a["version"]) / per,
+            "published_per_s": seen["changes"] / dt,
             "job_s_median": durations[len(durations) // 2] if durations else math.nan,
             "scheduler_cores": (b["sched"] - a["sched"]) / dt, "redis_cores": (b["redis"] - a["redis"]) / dt,
             "replica_cores": (b["replicas"] - a["replicas"]) / dt, "worker_cores": (b["hosts"] - a["hosts"]) / dt,
