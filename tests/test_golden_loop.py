@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,7 @@ def _trace(redis_url: str, case: str) -> list[dict]:
             return
         job = min(waiting)[2]
         taken.add(job)
-        got = store.start_job(job, codec.pack({"worker": worker, "host": "golden", "pid": 0, "t": 0.0}))
+        got = store.start_job(job, codec.pack({"worker": worker, "host": "golden", "pid": 0, "t": time.time()}))
         assert got, f"{job} was in flight but its start script refused it"
         info = sched.dispatch.inflight[job]
         started[job] = {"version": int(got[0]), "mu": codec.decode_array(got[1], size=cfg.actor_dim, what="mu"),
@@ -146,6 +147,7 @@ def test_two_workers_publish_the_recorded_versions(redis_url, case):
     trace = _trace(redis_url, case)
     kinds = {row["kind"] for row in trace}
     assert len(trace) >= 40
+    assert trace[-1]["applied"] == len(trace), "every result is applied (none lost, none dropped as stale)"
     if case == "aesrl":
         assert kinds == {"es", "rl"}, "the trace must cover RL results"
     if not DATA.exists() or os.environ.get("AESRL_RECORD_GOLDEN_LOOP") == "1" and case not in _recorded():

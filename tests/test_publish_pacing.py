@@ -5,6 +5,7 @@ commit leaves them to be told again by its successor, exactly once."""
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def _results(client, cfg: RunConfig, sched: Scheduler, n: int) -> list[str]:
     rng = np.random.default_rng(11)
     entries = []
     for job, info in sorted(sched.dispatch.inflight.items(), key=lambda kv: int(kv[1]["n"]))[:n]:
-        got = store.start_job(job, codec.pack({"worker": "pacing-w", "host": "h", "pid": 0, "t": 0.0}))
+        got = store.start_job(job, codec.pack({"worker": "pacing-w", "host": "h", "pid": 0, "t": time.time()}))
         steps = 2 * EPISODE_LEN
         ep = {"obs": np.zeros((steps, cfg.obs_dim), np.float32), "act": np.zeros((steps, cfg.act_dim), np.float32),
               "rew": np.zeros(steps, np.float32), "next_obs": np.zeros((steps, cfg.obs_dim), np.float32),
