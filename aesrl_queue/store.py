@@ -124,6 +124,24 @@ local v = redis.call('HGET', KEYS[1], 'version')
 if not v then return false end
 return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
 """
+# Replay entries after ARGV[1] (up to ARGV[2]) with only the fields a replay mirror keeps (len, job,
+# obs: 68 of 168 KB of a HalfCheetah episode), for a host's relay. KEYS: replay.
+_READ_REPLAY_OBS = """
+local rows = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
+local out = {}
+for i, row in ipairs(rows) do
+  local f = row[2]
+  local kept = {}
+  for j = 1, #f, 2 do
+    if f[j] == 'len' or f[j] == 'job' or f[j] == 'obs' then
+      kept[#kept + 1] = f[j]
+      kept[#kept + 1] = f[j + 1]
+    end
+  end
+  out[i] = {row[1], kept}
+end
+return out
+"""
 
 
 @dataclass
@@ -218,6 +236,7 @@ class Store:
         self._finish_job = client.register_script(_FINISH_JOB)
         self._start_job = client.register_script(_START_JOB)
         self._read_mu = client.register_script(_READ_MU)
+        self._read_replay_obs = client.register_script(_READ_REPLAY_OBS)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -298,12 +317,17 @@ class Store:
         return _text(value) if value is not None else "unknown"
 
     # -- search distribution versions -------------------------------------------------------------
-    def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, pipe=None) -> None:
-        (pipe or self.r).hset(
+    def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, pipe=None, read_refs: bool = False) -> None:
+        """Write dist:{version}; with `read_refs` also queue an HVALS of `refs` (the version each
+        started job uses) on `pipe`, read in the same transaction."""
+        c = pipe or self.r
+        c.hset(
             self.key(dist_name(version)),
             # Views, not copies: the pipeline sends them before anyone could change the arrays.
             mapping={"mu": codec.array_view(mu), "var": codec.array_view(var), "version": version},
         )
+        if read_refs:
+            c.hvals(self.key("refs"))
 
     def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:
         """μ and var of `version`; CodecError if the version is gone or its blobs are malformed."""
@@ -438,6 +462,30 @@ class Store:
         resp = c.xread({self.key(name): after}, count=count, block=block_ms)
         return [(_text(i), f) for _, entries in resp for i, f in entries] if resp else []
 
+    def relay_replay(self, dest: redis.Redis, after: str, count: int = 500) -> tuple[str, int] | None:
+        """Copy up to `count` replay entries after `after` into the same stream on `dest` (a host's
+        relay), under their own ids and with the fields a replay mirror keeps (len, job, obs), and
+        drop there what the primary dropped. Returns the last id copied and the bytes of the fields
+        copied, None when nothing was new.
+        After "0-0" it starts after what `dest` already holds (a relay that restarted)."""
+        key = self.key("replay")
+        if after == "0-0":
+            last = dest.xrevrange(key, count=1)
+            after = _text(last[0][0]) if last else after
+        rows = self._read_replay_obs(keys=[key], args=[after, count])
+        if not rows:
+            return None
+        pipe = dest.pipeline(transaction=False)
+        size = 0
+        for entry_id, fields in rows:
+            pipe.xadd(key, dict(zip(fields[::2], fields[1::2], strict=True)), id=entry_id)
+            size += sum(len(f) for f in fields)
+        first = self.r.xrange(key, count=1)
+        if first:
+            pipe.xtrim(key, minid=first[0][0])
+        pipe.execute()
+        return _text(rows[-1][0]), size
+
     # -- results --------------------------------------------------------------------------------
     def append_result(self, fields: dict[str, Any], extra_interactions: int = 0) -> str:
         pipe = self.r.pipeline()
@@ -511,10 +559,6 @@ class Store:
             p.expire(self.key(dist_name(v)), ttl)
         if pipe is None:
             p.execute()
-
-    def read_refs(self, pipe) -> None:
-        """Queue an HVALS of `refs` (the version each started job uses) on `pipe`."""
-        pipe.hvals(self.key("refs"))
 
     def append_history(self, entry: dict[str, Any], pipe=None) -> None:
         (pipe or self.r).xadd(self.key("history"), {"d": codec.pack(entry)}, maxlen=self.config().history_max)

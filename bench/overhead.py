@@ -407,7 +407,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
     cfg = RunConfig.from_preset("HalfCheetah-v5", algo="es", rl_ratio=0.0, hidden=hidden, r=2000.0,
                                 mean_rule="baseline-relative",
                                 run_id=f"bench-apply-{label}-{uuid.uuid4().hex[:6]}").resolve()
-    sched = Scheduler(client, blocking, cfg)
+    sched = Scheduler(client, blocking, cfg, publish_hz=0)  # the cost of one result's whole commit
     sched.setup()
     store, dim = sched.store, cfg.actor_dim
     rng = np.random.default_rng(0)

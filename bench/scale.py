@@ -1,4 +1,5 @@
-"""How far one scheduler and one Redis primary carry a run: 8 → 256 simulated workers, with and without replicas.
+"""How far one scheduler and one Redis primary carry a run: 8 → 256 simulated workers, each host reading the
+primary, a replica of it, or the relay that `aesrl-queue worker` starts (workers/relay.py).
 
 A simulated worker is a real AesrlWorker (RQ's own dequeue and bookkeeping, heartbeats) in a thread;
 its job does every Redis call of an ES job (the start script, μ/var download — from a replica when
@@ -54,14 +55,17 @@ HIDDEN = (423, 300)
 EP_OBS, EP_ACT = 17, 6
 MODES = {
     # ES-only worker counts without / with a replica per host; the same for the RL mix; seconds.
-    "quick": {"workers": (8, 32, 128), "replicas": (128,), "rl_workers": (), "rl_replicas": (),
-              "warm": 1.0, "window": 3.0},
-    "full": {"workers": (8, 16, 32, 64, 128, 256), "replicas": (32, 64, 128, 256),
-             "rl_workers": (8, 32, 64, 128), "rl_replicas": (32, 64, 128), "warm": 4.0, "window": 10.0},
+    "quick": {"workers": (8, 32, 128), "replicas": (128,), "relays": (128,), "rl_workers": (), "rl_replicas": (),
+              "rl_relays": (), "warm": 1.0, "window": 3.0},
+    "full": {"workers": (8, 32, 128, 256), "replicas": (64, 256), "relays": (32, 64, 128, 256),
+             "rl_workers": (8, 32, 64), "rl_replicas": (64, 128), "rl_relays": (32, 64, 128), "warm": 4.0,
+             "window": 10.0},
 }
 CRITIC_PARAMS = 260_402  # HalfCheetah's twin 400-300 critics; critic + target: 2.08 MB per version
 KNEE_EFFICIENCY = 0.8  # the knee: the first point below 80% of the ideal W / job seconds
 GBE_MBPS = 117.0  # what one 1 Gbit/s link carries in TCP payload, MB/s
+LINKS = {"1 GbE": GBE_MBPS, "10 GbE": 10 * GBE_MBPS}
+JOB_SECONDS = (1.0, 5.0)  # the job times the capacity table is computed for
 
 
 # == simulated worker host (a child process: `scale.py _host ...`) =========================================
@@ -159,6 +163,31 @@ class SimJob(Job):
         return functools.partial(simulated_evaluate, self.connection, *SimJob.sim)
 
 
+def relay_main(args: argparse.Namespace) -> None:
+    """One host's relay in a process of its own, as `aesrl-queue worker` runs it beside (not inside)
+    its worker processes."""
+    from workers.relay import Relay
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    relay = Relay(redis.Redis.from_url(args.url), redis.Redis.from_url(args.local))
+    relay.start()
+    out = Path(args.stats)
+    while True:  # its payload counters, for the measurement window
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(relay.stats))
+        tmp.replace(out)
+        time.sleep(0.1)
+
+
+def relay_bytes(files: list[Path]) -> int:
+    """Payload bytes the relays received from the primary so far (their stats files)."""
+    total = 0
+    for f in files:
+        with contextlib.suppress(OSError, ValueError):
+            total += int(json.loads(f.read_text())["bytes"])
+    return total
+
+
 def host_main(args: argparse.Namespace) -> None:
     """One simulated host: `--threads` AesrlWorkers in threads of this process."""
     import workers.worker as ww
@@ -167,6 +196,7 @@ def host_main(args: argparse.Namespace) -> None:
     import aesrl_queue.numpy_actor  # noqa: F401 - what the first job would import (before heartbeats start)
     if args.read_url:
         os.environ["AESRL_READ_URL"] = args.read_url
+
     SimJob.sim = (args.episode_s, args.episode_len, args.train_s)
 
     class SimWorker(ww.AesrlWorker):
@@ -199,6 +229,15 @@ def box_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """user+system CPU seconds of one thread of a live process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def net_bytes(client: redis.Redis) -> dict[str, int]:
     s = client.info("stats")
     return {"in": int(s["total_net_input_bytes"]), "out": int(s["total_net_output_bytes"]),
@@ -208,9 +247,10 @@ def net_bytes(client: redis.Redis) -> dict[str, int]:
 class Point:
     """One scale point: a fresh primary (+ replicas), hosts of simulated workers, a scheduler."""
 
-    def __init__(self, workers: int, replicas: bool, rl_share: float, args: argparse.Namespace, tmp: Path) -> None:
-        self.n, self.replicas, self.rl_share, self.args = workers, replicas, rl_share, args
-        self.tmp = tmp / f"w{workers}-rl{rl_share:g}-{'rep' if replicas else 'plain'}"
+    def __init__(self, workers: int, copy: str, rl_share: float, args: argparse.Namespace, tmp: Path) -> None:
+        """`copy`: what each host reads the run's data from: "" (the primary), "replica" or "relay"."""
+        self.n, self.copy, self.rl_share, self.args = workers, copy, rl_share, args
+        self.tmp = tmp / f"w{workers}-rl{rl_share:g}-{copy or 'plain'}"
         self.tmp.mkdir(parents=True)
         self.kids = Children(self.tmp)
         self.servers: list[RedisServer] = []
@@ -235,10 +275,10 @@ class Point:
         n_hosts = max(1, math.ceil(self.n / args.per_host))
         sizes = [self.n // n_hosts + (1 if h < self.n % n_hosts else 0) for h in range(n_hosts)]
         reps: list[RedisServer] = []
-        if self.replicas:
+        if self.copy:
             for h in range(n_hosts):
-                rep = RedisServer(directory=self.tmp / f"replica{h}",
-                                  extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+                rep = RedisServer(directory=self.tmp / f"{self.copy}{h}", extra_args=[
+                    "--replicaof", "127.0.0.1", str(primary.port)] if self.copy == "replica" else []).start()
                 self.servers.append(rep)
                 reps.append(rep)
         hosts = []
@@ -249,6 +289,10 @@ class Point:
             if reps:
                 cmd += ["--read-url", reps[h].url]
             hosts.append(self.kids.start(f"host{h}", cmd))
+        relay_stats = [self.tmp / f"relay{h}.json" for h in range(len(reps) if self.copy == "relay" else 0)]
+        relays = [self.kids.start(f"relay{h}", [sys.executable, str(Path(__file__).resolve()), "_relay", "--url",
+                                                 primary.url, "--local", reps[h].url, "--stats", str(f)])
+                  for h, f in enumerate(relay_stats)]
         # The scheduler starts beside them: it sizes the jobs in flight by the heartbeats it sees.
         run_id = f"scale-{self.n}-{uuid.uuid4().hex[:6]}"
         cfg_file = self.tmp / "run.json"
@@ -267,7 +311,7 @@ class Point:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.n} simulated workers did not heartbeat:\n{self.kids.log_tail('host0')}")
             time.sleep(0.2)
-        for rep in reps:
+        for rep in reps if self.copy == "replica" else ():
             rc = redis.Redis.from_url(rep.url)
             while rc.info("replication").get("master_link_status") != "up":
                 if time.monotonic() > deadline:
@@ -291,15 +335,31 @@ class Point:
             st = store.state()
             rep_stats = [c.info("stats") for c in rep_clients]
             return {"t": time.monotonic(), "applied": st["results_applied"], "version": st["version"],
-                    "sched": proc_cpu_s(sched.pid), "redis": proc_cpu_s(primary.proc.pid),
-                    "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps),
+                    "sched": proc_cpu_s(sched.pid), "sched_loop": thread_cpu_s(sched.pid, sched.pid), "redis": proc_cpu_s(primary.proc.pid),
+                    "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps) + sum(proc_cpu_s(p.pid) for p in relays),
+                    "relay_in": relay_bytes(relay_stats),
                     "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(), "net": net_bytes(client),
                     "cmds": int(client.info("stats")["total_commands_processed"]),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
                     "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats)}
 
+        # The versions the scheduler publishes (commits that moved μ), seen by polling the state every 5 ms.
+        seen = {"changes": 0}
+
+        def watch() -> None:
+            last = store.current_version()
+            while not done.is_set():
+                v = store.current_version()
+                seen["changes"] += v != last
+                last = v
+                time.sleep(0.005)
+
+        done = threading.Event()
+        watcher = threading.Thread(target=watch, daemon=True)
         a = snap()
+        watcher.start()
         time.sleep(args.window)
+        done.set()
         b = snap()
         if sched.poll() is not None:
             raise RuntimeError(f"the scheduler exited during the window:\n{self.kids.log_tail('scheduler')}")
@@ -312,10 +372,13 @@ class Point:
         ideal = self.n / (args.episode_s + self.rl_share * args.train_s)
         per = max(1, applied)
         return {
-            "workers": self.n, "replicas": len(reps), "hosts": n_hosts, "rl_share_target": self.rl_share,
+            "workers": self.n, "replicas": len(reps) if self.copy == "replica" else 0,
+            "relays": len(reps) if self.copy == "relay" else 0, "copy": self.copy or "none", "hosts": n_hosts,
+            "rl_share_target": self.rl_share,
             "rl_share": sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist)),
             "results_per_s": rate, "ideal_per_s": ideal,
             "efficiency": rate / ideal, "versions_per_result": (b["version"] - a["version"]) / per,
+            "published_per_s": seen["changes"] / dt,
             "job_s_median": durations[len(durations) // 2] if durations else math.nan,
             "scheduler_cores": (b["sched"] - a["sched"]) / dt, "redis_cores": (b["redis"] - a["redis"]) / dt,
             "replica_cores": (b["replicas"] - a["replicas"]) / dt, "worker_cores": (b["hosts"] - a["hosts"]) / dt,
@@ -325,6 +388,8 @@ class Point:
                                                                                       "hosts"))) / dt),
             "scheduler_ms_per_result": 1e3 * (b["sched"] - a["sched"]) / per,
             "redis_ms_per_result": 1e3 * (b["redis"] - a["redis"]) / per,
+            # The loop's own thread (the ε of ES jobs runs on a background thread beside it).
+            "scheduler_loop_ms_per_result": 1e3 * (b["sched_loop"] - a["sched_loop"]) / per,
             "net_in_MBps": net["in"] / dt / 1e6, "net_out_MBps": net["out"] / dt / 1e6,
             "net_repl_out_MBps": net["repl_out"] / dt / 1e6,
             "out_MB_per_result": net["out"] / per / 1e6, "in_MB_per_result": net["in"] / per / 1e6,
@@ -332,6 +397,12 @@ class Point:
             # Replica reads that found their key / polls that did not yet (a job waiting for its version).
             "replica_hits_per_result": (b["rep_hits"] - a["rep_hits"]) / per,
             "replica_misses_per_result": (b["rep_misses"] - a["rep_misses"]) / per,
+            # What the primary sends per result for each host's copy of the run (replica) or, without
+            # one, for all of the host's workers together.
+            "out_MB_per_result_per_host": net["out"] / per / 1e6 / n_hosts,
+            # Of that, what the relays received (one copy per host: versions, critic, replay observations).
+            "relay_MB_per_result_per_host": (b["relay_in"] - a["relay_in"]) / per / 1e6 / n_hosts,
+            "loadavg": list(os.getloadavg()),
         }
 
 
@@ -342,20 +413,25 @@ class Point:
         while not self.stop.is_set():
             version += 1
             with contextlib.suppress(redis.RedisError):
+                # What the critic daemon writes: the weights, and in the state its version and a step
+                # count that keeps up with the replay (the scheduler then never holds jobs for it).
                 store.publish_critic(version, weights)
+                store.set_state(critic_version=version, critic_steps=10**12)
             self.stop.wait(self.args.critic_every)
 
 
 # == report =================================================================================================
 COLUMNS = (
-    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("rl_share", "RL", "{:.0%}"),
+    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("relays", "relay", "{:d}"),
+    ("rl_share", "RL", "{:.0%}"),
     ("results_per_s", "results/s", "{:.1f}"),
     ("efficiency", "of ideal", "{:.0%}"), ("scheduler_cores", "sched cores", "{:.2f}"),
     ("redis_cores", "redis cores", "{:.2f}"), ("replica_cores", "repl cores", "{:.2f}"),
     ("worker_cores", "worker cores", "{:.2f}"), ("other_cores", "other cores", "{:.2f}"),
     ("net_out_MBps", "out MB/s", "{:.1f}"), ("net_in_MBps", "in MB/s", "{:.1f}"),
     ("out_MB_per_result", "out MB/res", "{:.2f}"), ("scheduler_ms_per_result", "sched ms/res", "{:.2f}"),
-    ("redis_ms_per_result", "redis ms/res", "{:.2f}"), ("job_s_median", "job s", "{:.2f}"),
+    ("scheduler_loop_ms_per_result", "loop ms/res", "{:.2f}"), ("redis_ms_per_result", "redis ms/res", "{:.2f}"),
+    ("job_s_median", "job s", "{:.2f}"),
 )
 
 
@@ -372,7 +448,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> dict[str, Any]:
     """The first point (no replicas, this RL share) below KNEE_EFFICIENCY of ideal, what ran out there, and
     the ceiling of each part were it on a machine of its own (from the busiest point's costs per result)."""
-    plain = [r for r in rows if r["replicas"] == 0 and r["rl_share_target"] == rl_share]
+    plain = [r for r in rows if r.get("copy", "none") == "none" and r["rl_share_target"] == rl_share]
     if not plain:
         return {"workers": None, "bottleneck": "no points without replicas", "why": "", "ceilings": {}}
     best = max(plain, key=lambda r: r["results_per_s"])
@@ -405,6 +481,40 @@ def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> 
     return {**out, "workers": knee["workers"], "bottleneck": name, "why": why}
 
 
+def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Workers one primary carries, per mix and set-up, on each link and job time: the results/s that
+    the first of the link (bytes out per result), Redis's command thread and the scheduler's loop
+    allows (each from the busiest measured point of that mix and set-up), times the job seconds."""
+    out = []
+    for share in sorted({r["rl_share_target"] for r in rows}):
+        for copy in ("none", "replica", "relay"):
+            pts = [r for r in rows if r["rl_share_target"] == share and r.get("copy", "none") == copy]
+            if not pts:
+                continue
+            best = max(pts, key=lambda r: r["results_per_s"])
+            for link, mbps in LINKS.items():
+                limits = {"link": mbps / max(1e-9, best["out_MB_per_result"]),
+                          "redis": 1e3 / max(1e-9, best["redis_ms_per_result"]),
+                          "scheduler": 1e3 / max(1e-9, best["scheduler_ms_per_result"])}
+                first = min(limits, key=limits.get)
+                out.append({"rl_share": share, "copy": copy, "hosts": best["hosts"], "link": link,
+                            "at_workers": best["workers"], "out_MB_per_result": best["out_MB_per_result"],
+                            "results_per_s": limits[first], "bound_by": first,
+                            "workers": {f"{t:g}s": int(limits[first] * t) for t in JOB_SECONDS}})
+    return out
+
+
+def render_capacity(cap: list[dict[str, Any]]) -> str:
+    lines = ["workers one primary carries (from the per-result costs at the busiest point of each set-up):"]
+    for c in cap:
+        mix = "ES" if c["rl_share"] == 0 else f"AES-RL {c['rl_share']:.0%}"
+        setup = f"{c['hosts']} hosts" + (f", a {c['copy']} each" if c["copy"] != "none" else ", no copy")
+        jobs = ", ".join(f"{n} with {t} jobs" for t, n in c["workers"].items())
+        lines.append(f"  {mix:11s} {setup:28s} {c['link']:6s}: {c['results_per_s']:7.0f} results/s "
+                     f"(bound by {c['bound_by']}; {c['out_MB_per_result']:.3f} MB out/result) -> {jobs}")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mode = MODES["quick" if args.quick else "full"]
 
@@ -413,26 +523,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return list(default)
         return [int(x) for x in given.split(",") if x.strip()]
 
-    points = [(n, False, 0.0) for n in counts_of(args.workers, mode["workers"])]
-    points += [(n, True, 0.0) for n in counts_of(args.replica_workers, mode["replicas"])]
-    points += [(n, False, args.rl_share) for n in counts_of(args.rl_workers, mode["rl_workers"])]
-    points += [(n, True, args.rl_share) for n in counts_of(args.rl_replica_workers, mode["rl_replicas"])]
+    points = [(n, "", 0.0) for n in counts_of(args.workers, mode["workers"])]
+    points += [(n, "replica", 0.0) for n in counts_of(args.replica_workers, mode["replicas"])]
+    points += [(n, "relay", 0.0) for n in counts_of(args.relay_workers, mode["relays"])]
+    points += [(n, "", args.rl_share) for n in counts_of(args.rl_workers, mode["rl_workers"])]
+    points += [(n, "replica", args.rl_share) for n in counts_of(args.rl_replica_workers, mode["rl_replicas"])]
+    points += [(n, "relay", args.rl_share) for n in counts_of(args.rl_relay_workers, mode["rl_relays"])]
     args.warm = mode["warm"] if args.warm is None else args.warm
     args.window = mode["window"] if args.window is None else args.window
     rows = []
+    load_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="aesrl-scale-") as tmp:
-        for n, reps, share in points:
+        for n, copy, share in points:
             t = time.monotonic()
-            row = Point(n, reps, share, args, Path(tmp)).run()
+            row = Point(n, copy, share, args, Path(tmp)).run()
             row["point_s"] = time.monotonic() - t
             rows.append(row)
-            print(f"  {n:4d} workers{' + replicas' if reps else ''}{f', RL {share:.0%}' if share else ''}: "
+            print(f"  {n:4d} workers{f' + {copy}s' if copy else ''}{f', RL {share:.0%}' if share else ''}: "
                   f"{row['results_per_s']:.1f} results/s ({row['efficiency']:.0%} of ideal) in {row['point_s']:.0f}s",
                   file=sys.stderr, flush=True)
     cores = os.cpu_count() or 1
     return {
         "benchmark": "scale", "mode": "quick" if args.quick else "full", "rows": rows, "knee": find_knee(rows, cores),
-        "knee_rl_mix": find_knee(rows, cores, args.rl_share),
+        "knee_rl_mix": find_knee(rows, cores, args.rl_share), "capacity": capacity(rows),
         "settings": {"episode_s": args.episode_s, "episode_len": args.episode_len, "per_host": args.per_host,
                      "train_s": args.train_s, "rl_share": args.rl_share, "critic_every_s": args.critic_every,
                      "critic_bytes": 2 * CRITIC_PARAMS * 4,
@@ -440,12 +553,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      "episode_bytes": args.episode_len * (2 * EP_OBS + EP_ACT + 2) * 4,
                      "warm_s": args.warm, "window_s": args.window},
         "machine": {"cores": cores, "python": platform.python_version(), "redis_server": find_redis_server(),
+                    "loadavg_start": load_start,
                     "date": datetime.now().isoformat(timespec="seconds"), "loadavg_end": list(os.getloadavg())},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_relay"]:
+        rp = argparse.ArgumentParser()
+        rp.add_argument("--url", required=True)
+        rp.add_argument("--local", required=True)
+        rp.add_argument("--stats", required=True)
+        relay_main(rp.parse_args(argv[1:]))
+        return 0
     if argv[:1] == ["_host"]:
         hp = argparse.ArgumentParser()
         hp.add_argument("--url", required=True)
@@ -461,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 worker counts + 1 replica point, short windows (<60 s)")
     ap.add_argument("--workers", default=None, help="comma-separated worker counts without replicas")
     ap.add_argument("--replica-workers", default=None, help="worker counts to repeat with one replica per host ('' for none)")
+    ap.add_argument("--relay-workers", default=None, help="worker counts to repeat with one relay per host ('' for none)")
+    ap.add_argument("--rl-relay-workers", default=None, help="worker counts of the RL mix with relays ('' for none)")
     ap.add_argument("--rl-workers", default=None, help="worker counts of the RL mix without replicas ('' for none)")
     ap.add_argument("--rl-replica-workers", default=None, help="worker counts of the RL mix with replicas ('' for none)")
     ap.add_argument("--rl-share", type=float, default=0.5, help="target share of RL jobs in the RL mix")
@@ -486,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  ceilings on machines of their own (results/s, from the costs at the busiest point): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in knee["ceilings"].items())
                   + f" — first: {knee['first_limit_on_own_machines']}")
+    print("\n" + render_capacity(data["capacity"]))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2))

@@ -373,7 +373,10 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
 @click.option("--read-url", envvar="AESRL_READ_URL", default=None,
               help="A local Redis replica (replicaof the primary) to read μ/var, config, critic and replay "
                    "from; writes still go to --redis-url. [env: AESRL_READ_URL]")
-def worker(redis_url, processes, burst, read_url) -> None:
+@click.option("--relay/--no-relay", default=True,
+              help="Without --read-url: start a loopback Redis and a relay that copies each published μ/var "
+                   "version (and, for RL runs, the critic and replay) once for all of this machine's workers.")
+def worker(redis_url, processes, burst, read_url, relay) -> None:
     """Start N `rq worker -w workers.AesrlWorker` processes on this machine (a thin wrapper)."""
     from aesrl_queue.connection import resolve_url
 
@@ -392,6 +395,10 @@ def worker(redis_url, processes, burst, read_url) -> None:
             fail(f"read-url: {exc}")
         env[READ_URL_ENV] = read_url
         click.echo(f"reading run data from replica {redact(read_url)}", err=True)
+    elif relay:
+        local = _start_relay(primary)
+        if local is not None:
+            env["AESRL_READ_URL"] = local.url
     from aesrl_queue.procs import spawn, worker_command
 
     # Each worker gets SIGTERM (RQ's warm shutdown: the job in hand finishes) if this process dies,
@@ -408,6 +415,27 @@ def worker(redis_url, processes, burst, read_url) -> None:
     signal.signal(signal.SIGTERM, stop)
     codes = [p.wait() for p in procs]
     sys.exit(max(codes) if codes else 0)
+
+
+def _start_relay(primary):
+    """A loopback redis-server and the relay thread that fills it (workers/relay.py); None (and the
+    workers read the primary) when this machine has no redis-server."""
+    import atexit
+
+    from aesrl_queue.redis_server import RedisServer, find_redis_server
+    from workers.relay import Relay
+
+    try:
+        find_redis_server()
+    except (FileNotFoundError, RuntimeError) as exc:
+        click.echo(f"no relay ({exc}); workers read everything from the primary", err=True)
+        return None
+    # No persistence: everything in it is a copy, refilled from the primary after a restart.
+    local = RedisServer().start()
+    atexit.register(local.cleanup)
+    Relay(primary, _connect(local.url)).start()
+    click.echo(f"relay on {local.url}: one copy of each version for this machine's workers", err=True)
+    return local
 
 
 # -- status and runs ----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The scheduler loop of every queue algorithm (aesrl, es, opo, acemrl, cemrl, pcemrl): it moves bytes
 between Redis and one ask/tell optimizer of aesrl_queue/optimizers, and reads top to bottom:
 
-    read results -> rebuild z -> tell -> one MULTI/EXEC, never resent (history, version, state, refill) -> ask
+    read results -> rebuild z -> tell -> (at most PUBLISH_HZ times a second) ask -> one MULTI/EXEC,
+    never resent (history, version, state, refill)
 
 Restart, Redis outages, lost jobs and bad input are handled here once, for every algorithm. All the
 state lives in Redis (docs/architecture.md), so a restart with the same run id continues where it
@@ -43,13 +44,32 @@ log = logging.getLogger(__name__)
 __all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "Scheduler", "make_scheduler", "uses_rl"]
 
 COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state fields others write
+# Commits that carry results (and so publish μ/var) per second, at most. Every result is still told
+# as it arrives; between commits its update waits in memory, with last_result_id, so a restart tells
+# it again. Each worker host's replica or relay receives every published version (1.03 MB at 129k
+# parameters): 10 a second caps that at ~10 MB/s per host, and a run below 10 results/s (up to ~10
+# workers with 1 s jobs) commits every result at once, as it would unpaced (docs/scaling.md).
+PUBLISH_HZ = 10.0
+
+
+class _Pending:
+    """What told results ask to be written, held until the next commit."""
+
+    def __init__(self) -> None:
+        self.results = 0
+        self.forget: list[str] = []
+        self.incr: collections.Counter[str] = collections.Counter()
+        self.history: list[dict[str, Any]] = []
+        self.best: dict[str, Any] | None = None  # only the last best of a commit is kept
+        self.moved: Update | None = None  # the last update that made a new version
 
 
 class Scheduler:
     """One run of a queue algorithm. `run()` returns "finished", "stopped" or "failed"."""
 
     def __init__(self, client: redis.Redis, blocking_client: redis.Redis, cfg: RunConfig,
-                 stop_event: threading.Event | None = None, drain_timeout: float | None = None) -> None:
+                 stop_event: threading.Event | None = None, drain_timeout: float | None = None,
+                 publish_hz: float = PUBLISH_HZ) -> None:
         self.r = client
         self.rb = blocking_client
         # The apply's MULTI/EXEC must never be resent (a resend after a lost reply would apply a
@@ -59,6 +79,8 @@ class Scheduler:
         self.store = Store(client, cfg.run_id)
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
+        self.publish_hz = publish_hz  # 0: commit after every read, however fast results come
+        self.clock = time.monotonic  # what paces the commits (tests drive it)
         if cfg.algo in ("aesrl", "es"):
             kernels.compiled()  # load (or compile, once per machine) the update before the first result
 
@@ -117,6 +139,9 @@ class Scheduler:
         # Superseded versions left in Redis by an earlier incarnation are deleted once unreferenced.
         self.kept = {v for v in store.dist_versions() if v != self.opt.version}
         self.to_delete: list[int] = []
+        self.pending = _Pending()  # anything told before an outage is told again from last_result_id
+        self.published = self.opt.version  # the version current in Redis
+        self.committed_at = -math.inf  # when the last commit that carried results ran (self.clock)
         store.set_state(status="running", updated_at=time.time())
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -144,6 +169,7 @@ class Scheduler:
         draining_since = None
         while True:
             if self.stop_event.is_set():
+                self._flush()
                 self.dispatch.noise_ahead.close()
                 self.store.set_state(status="stopped", updated_at=time.time())
                 log.info("run %s: stopped on request; in-flight jobs stay registered for a restart", cfg.run_id)
@@ -159,51 +185,68 @@ class Scheduler:
                 return self._finish()
             # Block long only while results are due and the optimizer waits for nothing else.
             block = 500 if self.dispatch.inflight and not self.opt.waiting else 50
+            if self.pending.results:  # held results: wake up when their commit is due
+                block = max(1, min(block, math.ceil(1e3 * (self._next_commit() - self.clock()))))
             batch = self.dispatch.read(self.last_id, block, self.rb)
             self.apply(batch, refill=draining_since is None)
 
     def apply(self, batch: list[tuple[str, Result | None, str]], refill: bool = True) -> None:
-        """Tell the batch's results in stream order, replace lost jobs, ask for the free slots, and
-        commit all of it in one MULTI/EXEC (all or none: a crash before EXEC leaves last_result_id
-        before the batch, and a restart tells all of it again)."""
-        store, opt = self.store, self.opt
-        published = opt.version
-        forget: list[str] = []
-        incr: collections.Counter[str] = collections.Counter()
-        updates: list[Update] = []
+        """Tell the batch's results in stream order; then, unless the last commit with results is
+        younger than 1/publish_hz, commit (see _commit)."""
+        pending = self.pending
         for entry_id, res, err in batch:
-            updates.append(self._tell(entry_id, res, err, forget, incr))
+            self._note(self._tell(entry_id, res, err, pending.forget, pending.incr))
+            pending.results += 1
             self.last_id = entry_id
-        for job, why in self.dispatch.find_lost():
+        if pending.results and self.clock() < self._next_commit():
+            return
+        self._commit(refill)
+
+    def _next_commit(self) -> float:
+        return self.committed_at + (1.0 / self.publish_hz if self.publish_hz > 0 else 0.0)
+
+    def _flush(self) -> None:
+        """Commit the results told since the last commit, now (at a stop and at the end)."""
+        if self.pending.results:
+            self._commit(refill=False, lost=False)
+
+    def _commit(self, refill: bool = True, lost: bool = True) -> None:
+        """Replace lost jobs, ask for the free slots, and write what the told results ask for in one
+        MULTI/EXEC (all or none: a crash before EXEC leaves last_result_id before every result told
+        since the last commit, and a restart tells all of them again)."""
+        store, opt, pending = self.store, self.opt, self.pending
+        published = self.published
+        for job, why in self.dispatch.find_lost() if lost else ():
             log.warning("run %s: job %s lost (%s); it is asked again", self.cfg.run_id, job, why)
-            self._done(job, forget)
-            incr["replaced"] += 1
-            updates.append(opt.lost(job, retry=True))
+            self._done(job, pending.forget)
+            pending.incr["replaced"] += 1
+            self._note(opt.lost(job, retry=True))
         specs = self._ask() if refill else []
         self.dispatch.breaker.line.critic(opt.critic_problem)  # a missing critic, with the command to start one
         fields = opt.fields()
-        if not (batch or forget or specs or self.to_delete or not _same(fields, self.written)):
+        if not (pending.results or pending.forget or specs or self.to_delete or not _same(fields, self.written)):
             return
         pipe = self.r_once.pipeline()
         store.drop_dists(self.to_delete, pipe=pipe)
         self.to_delete = []
-        for update in updates:
-            if update is not None:
-                self._record(update, pipe)
+        self._record(pending, pipe)
         refs_at = None
         if opt.version != published:
-            # Only the batch's last version is ever current in Redis, so only it is published.
-            store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe)
-            refs_at = len(pipe)
-            store.read_refs(pipe)
+            # Only the last version is ever current in Redis, so only it is published.
+            refs_at = len(pipe) + 1
+            store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe, read_refs=True)
         store.save_checkpoint("optimizer", opt.state(), pipe=pipe)
-        store.forget_jobs(forget, pipe=pipe)
+        store.forget_jobs(pending.forget, pipe=pipe)
         self.dispatch.enqueue(specs, pipe=pipe)
-        for name, amount in incr.items():
+        for name, amount in pending.incr.items():
             store.incr(name, amount, pipe=pipe)
         store.set_state(pipe=pipe, **fields, **self.applied, last_result_id=self.last_id, updated_at=time.time())
         replies = pipe.execute()
         self.written = fields
+        self.published = opt.version
+        if pending.results:
+            self.committed_at = self.clock()
+        self.pending = _Pending()
         if refs_at is not None:
             self._drop_unreferenced(replies[refs_at], previous=published)
 
@@ -273,17 +316,30 @@ class Scheduler:
         self.dispatch.release([job])
         forget.append(job)
 
-    def _record(self, update: Update, pipe) -> None:
-        """Queue what one tell asks to be written (its history entry, a new best individual)."""
+    def _note(self, update: Update | None) -> None:
+        """Hold what one tell asks to be written (its history entry, a new best, a new version)."""
+        if update is None:
+            return
         if update.moved:
+            self.pending.moved = update
+        if update.history is not None:
+            self.pending.history.append(update.history)
+        if update.best is not None:
+            self.pending.best = update.best
+
+    def _record(self, pending: _Pending, pipe) -> None:
+        """Queue the held history entries and best individual; cache the newest version's μ/σ (jobs
+        start only on published versions, so the ones between commits are never asked for)."""
+        update = pending.moved
+        if update is not None:
             if update.std is not None:  # fresh arrays that nothing else holds, and σ' computed with them
                 self.dists.put(update.version, update.mean, update.var, std=update.std)
             else:
                 self.dists.put(update.version, update.mean.copy(), update.var.copy())
-        if update.history is not None:
-            self.store.append_history(update.history, pipe=pipe)
-        if update.best is not None:
-            self.store.keep_best(update.best, pipe=pipe)
+        for entry in pending.history:
+            self.store.append_history(entry, pipe=pipe)
+        if pending.best is not None:
+            self.store.keep_best(pending.best, pipe=pipe)
 
     # -- asking --------------------------------------------------------------------------------------
     def _ask(self) -> list[dict[str, Any]]:
@@ -317,6 +373,7 @@ class Scheduler:
             self.kept.difference_update(gone)
 
     def _finish(self) -> str:
+        self._flush()
         left = list(self.dispatch.inflight)
         self.dispatch.forget(left)
         self.store.drop_dists(self.to_delete)

@@ -35,12 +35,13 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
     data = json.loads(out.read_text())
     assert data["benchmark"] == "scale" and data["mode"] == "quick"
     rows = data["rows"]
-    assert [(r["workers"], r["replicas"] > 0) for r in rows] == [(8, False), (32, False), (128, False), (128, True)]
+    assert [(r["workers"], r["copy"]) for r in rows] == [(8, "none"), (32, "none"), (128, "none"), (128, "replica"),
+                                                         (128, "relay")]
     for r in rows:
         assert ROW_KEYS <= set(r), sorted(ROW_KEYS - set(r))
         assert r["applied"] > 0 and r["results_per_s"] > 0
         assert r["ideal_per_s"] == pytest.approx(r["workers"] / data["settings"]["episode_s"])
-    plain, with_replicas = rows[2], rows[3]
+    plain, with_replicas, with_relays = rows[2], rows[3], rows[4]
     # Without replicas every job downloads μ and var (1.03 MB at 129k parameters) from the primary
     # (per applied result only roughly: a short window can hold more applies than job starts).
     assert data["settings"]["actor_params"] == 129_193
@@ -48,6 +49,13 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
     # With replicas the primary's egress is replication: the jobs read μ/var from their host's replica.
     assert with_replicas["replicas"] == with_replicas["hosts"] == 4
     assert with_replicas["net_repl_out_MBps"] > 0.8 * with_replicas["net_out_MBps"]
+    # A relay is no replica: it reads what the host's workers need with ordinary commands.
+    assert with_relays["relays"] == with_relays["hosts"] == 4 and with_relays["replicas"] == 0
+    assert with_relays["net_repl_out_MBps"] == 0
+    cap = data["capacity"]
+    assert {(c["copy"], c["link"]) for c in cap} == {(copy, link) for copy in ("none", "replica", "relay")
+                                                     for link in ("1 GbE", "10 GbE")}
+    assert all(set(c["workers"]) == {"1s", "5s"} and c["bound_by"] in ("link", "redis", "scheduler") for c in cap)
     knee = data["knee"]
     assert {"workers", "bottleneck", "why", "ceilings", "first_limit_on_own_machines"} <= set(knee)
     assert knee["first_limit_on_own_machines"] in knee["ceilings"]

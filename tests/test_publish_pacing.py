@@ -1,0 +1,116 @@
+"""Publish pacing of the scheduler loop: results that come faster than publish_hz are told at once but
+committed (μ/var published, last_result_id moved) together, and a scheduler that dies before that
+commit leaves them to be told again by its successor, exactly once."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from aesrl_queue import codec
+from aesrl_queue.config import RunConfig
+from aesrl_queue.connection import connect
+from aesrl_queue.store import Store, worker_beat
+from scheduler.loop import Scheduler
+
+EPISODE_LEN = 20
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _config(run_id: str) -> RunConfig:
+    return RunConfig.from_preset("AesrlSleep-v0", algo="es", run_id=run_id, hidden=(8, 8), seed=5,
+                                 env_kwargs={"episode_len": EPISODE_LEN, "mean_s": 0.0}, total_steps=10_000,
+                                 queued_per_worker=3).resolve()
+
+
+def _scheduler(url: str, cfg: RunConfig, publish_hz: float) -> tuple[Scheduler, FakeClock]:
+    sched = Scheduler(connect(url), connect(url, blocking=True), cfg, publish_hz=publish_hz)
+    clock = FakeClock()
+    sched.clock = clock
+    sched.setup()
+    return sched, clock
+
+
+def _results(client, cfg: RunConfig, sched: Scheduler, n: int) -> list[str]:
+    """Start the first `n` jobs in flight and append a made-up result of each (antithetic ES)."""
+    store = Store(client, cfg.run_id)
+    rng = np.random.default_rng(11)
+    entries = []
+    for job, info in sorted(sched.dispatch.inflight.items(), key=lambda kv: int(kv[1]["n"]))[:n]:
+        got = store.start_job(job, codec.pack({"worker": "pacing-w", "host": "h", "pid": 0, "t": time.time()}))
+        steps = 2 * EPISODE_LEN
+        ep = {"obs": np.zeros((steps, cfg.obs_dim), np.float32), "act": np.zeros((steps, cfg.act_dim), np.float32),
+              "rew": np.zeros(steps, np.float32), "next_obs": np.zeros((steps, cfg.obs_dim), np.float32),
+              "done": np.zeros(steps, np.float32)}
+        entries.append(store.finish_job(ep, job, {
+            "job": job, "kind": "es", "version": int(got[0]), "seed": int(info["seed"]), "worker": "pacing-w",
+            "spec_hash": cfg.spec_hash, "status": "ok", "fitness": float(rng.normal()), "len": EPISODE_LEN,
+            "f_mu": 0.0, "f_mu_version": int(got[0]), "eval_steps": 0, "duration": 1.0,
+            "mirror_fitness": float(rng.normal()), "mirror_len": EPISODE_LEN}))
+    return entries
+
+
+def _published(client, store: Store) -> tuple[int, str, int, str]:
+    state = store.state()
+    mu, var = client.hmget(store.key(f"dist:{state['version']}"), ["mu", "var"])
+    return (state["version"], hashlib.sha256(mu + b"|" + var).hexdigest(), state["results_applied"],
+            state["last_result_id"])
+
+
+def test_fast_results_are_committed_together_at_the_paced_rate(redis_url, client):
+    worker_beat(client, "pacing-w", {"host": "h", "pid": 0})
+    cfg = _config("pacing-fast")
+    store = Store(client, cfg.run_id)
+    sched, clock = _scheduler(redis_url, cfg, publish_hz=10.0)
+    sched.apply([])  # the first jobs
+    before = _published(client, store)
+    entries = _results(client, cfg, sched, 3)
+    sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))  # the first result commits at once
+    first = _published(client, store)
+    assert first[2] == 3 and first[3] == entries[-1] and first[0] > before[0]
+    more = _results(client, cfg, sched, 3)
+    clock.t += 0.06  # within the pacing interval: told, not committed
+    sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))
+    assert sched.last_id == more[-1] and sched.opt.version > first[0]
+    assert _published(client, store) == first
+    clock.t += 0.05
+    sched.apply([])
+    version, _digest, applied, last = _published(client, store)
+    assert (version, applied, last) == (sched.opt.version, 6, more[-1])
+    assert len(store.history()) == 6
+
+
+def test_a_scheduler_dying_before_its_commit_leaves_the_results_to_its_successor(redis_url, client):
+    worker_beat(client, "pacing-w", {"host": "h", "pid": 0})
+    outcome = {}
+    for name, crash in (("pacing-ref", False), ("pacing-crash", True)):
+        cfg = _config(name)
+        store = Store(client, cfg.run_id)
+        sched, clock = _scheduler(redis_url, cfg, publish_hz=10.0)
+        sched.apply([])
+        sched.committed_at = clock.t  # a commit with results just ran: the next ones are held
+        _results(client, cfg, sched, 4)
+        sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))
+        assert store.state()["results_applied"] == 0
+        if crash:  # gone without its commit; a new scheduler resumes from what Redis holds
+            sched.dispatch.noise_ahead.close()
+            sched, clock = _scheduler(redis_url, cfg, publish_hz=10.0)
+            batch = sched.dispatch.read(sched.last_id, 10, sched.rb)
+            assert len(batch) == 4
+            sched.apply(batch)
+        else:
+            clock.t += 0.1
+            sched.apply([])
+        sched.dispatch.noise_ahead.close()
+        outcome[name] = (*_published(client, store)[:3], len(store.history()))
+    assert outcome["pacing-crash"] == outcome["pacing-ref"]
+    assert outcome["pacing-ref"][2] == 4 and outcome["pacing-ref"][3] == 4
