@@ -20,8 +20,8 @@ from aesrl_queue.codec import json_default
 FORMAT = "aesrl-queue-policy"
 FORMAT_VERSION = 1
 NET_FIELDS = ("obs_dim", "act_dim", "max_action", "hidden", "activation")
-VIDEO_MISSING = ("--video needs a video writer: pip install 'aesrl-queue[video]' (imageio, imageio-ffmpeg for "
-                 "MP4, pygame to render classic-control envs such as Pendulum)")
+VIDEO_MISSING = ("--video needs the video extra: pip install -e '.[video]' in a clone (imageio, imageio-ffmpeg "
+                 "for MP4, pygame to render classic-control envs such as Pendulum, MuJoCo's renderer)")
 
 
 class ExportError(ValueError):

@@ -6,6 +6,7 @@ summary, and turns SIGTERM/SIGHUP into a clean stop as Ctrl-C is.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -33,6 +34,8 @@ from aesrl_queue.progress import Phase, Snapshot, duration  # noqa: F401 - Phase
 log = logging.getLogger(__name__)
 
 PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
+PLAIN_WIDTH = 200  # a log line is not redrawn: every part fits, the phase with its command included
+PHASE_ROOM = 40  # columns the phase keeps on a narrow terminal before the other parts give way
 
 
 
@@ -53,8 +56,8 @@ def _bar(frac: float, width: int) -> str:
 
 
 def progress_line(snap: Snapshot, width: int = 80) -> str:
-    """One line of at most `width` columns, f(μ)~ first; what does not fit is left out (bar, counts,
-    elapsed, rate, ETA, in that order)."""
+    """One line of at most `width` columns, f(μ)~ first and the phase last; what does not fit is left
+    out (bar, counts, elapsed, rate, ETA, in that order), and a long phase is cut."""
     f = snap.fields()
     total = snap.total_steps or 1
     pct = 100.0 * snap.steps / total
@@ -65,14 +68,20 @@ def progress_line(snap: Snapshot, width: int = 80) -> str:
         (3, "" if snap.done else f"{f['rate']} steps/s"),
         (4, "" if snap.done else f"ETA {f['eta']}"),
         (2, f"elapsed {duration(snap.elapsed)}"),
-        (7, snap.phase),
         (1, f["counts"]),
     ]
-    line = fit_line(parts, width)
-    room = width - len(line) - 2
+    # The phase says what the run waits for, or what is wrong and the command that fixes it: it is
+    # never dropped, only cut, and the parts below it in importance make room for its first words.
+    phase = snap.phase
+    need = min(len(phase), PHASE_ROOM) + 2 if phase else 0
+    line = fit_line(parts, width - need)
+    room = width - len(line) - (len(phase) + 2 if phase else 0) - 2  # the bar only where the whole phase fits
     if room >= 12:
         parts[2] = (0, _bar(pct / 100.0, min(30, room)))
-        line = fit_line(parts, width)
+        line = fit_line(parts, width - need)
+    if phase:
+        left = width - len(line) - 2
+        line += "  " + (phase if len(phase) <= left else phase[: max(0, left - 1)] + "…")
     return line
 
 
@@ -120,7 +129,7 @@ class ProgressView:
                 self.close()
         elif force or now - self.last_plain >= PLAIN_EVERY:
             self.last_plain = now
-            echo(progress_line(snap, 80), err=True)
+            echo(progress_line(snap, PLAIN_WIDTH), err=True)
 
     def close(self) -> None:
         if self.live is not None:
@@ -237,8 +246,13 @@ def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: Metric
     if metrics is not None:
         lines.append(f"  metrics          {metrics.records:,} records in {metrics.path}")
     lines.append(f"  run folder       {run_dir}")
-    lines.append(f"  next             aesrl-queue plot {run_dir}   |   "
-                 f"aesrl-queue export {run_dir}")
+    plot = f"aesrl-queue plot {run_dir}"
+    if importlib.util.find_spec("matplotlib") is None:  # the plot extra is not in the runtime install
+        plot = f"pip install -e '.[plot]' && {plot}"
+    nexts = [plot, f"aesrl-queue export {run_dir}"]
+    if summary.get("status") != "finished":
+        nexts.insert(0, f"aesrl-queue run --resume {run_dir}")
+    lines.append("  next             " + "   |   ".join(nexts))
     for line in lines:
         if not echo(line):  # stdout closed (`| head -2`): say once, on stderr, where the results are
             echo(f"stdout closed; the run folder is {run_dir}", err=True)

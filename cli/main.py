@@ -5,6 +5,7 @@ Library code logs; this module prints. Bad input exits with status 2 and names t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -784,9 +785,11 @@ def evaluate(policy, episodes, seed, video_dir, as_json) -> None:
     POLICY: a file from `export`, a run folder, or its policy.npz (the run's μ)."""
     import torch
 
-    from cli.export import ExportError, evaluate_policy
+    from cli.export import VIDEO_MISSING, ExportError, evaluate_policy
 
     torch.set_num_threads(1)
+    if video_dir is not None and importlib.util.find_spec("imageio_ffmpeg") is None:
+        fail(VIDEO_MISSING)  # before the episodes, not after them
     try:
         res = evaluate_policy(policy, episodes=episodes, seed=seed, video_dir=video_dir)
     except ExportError as exc:

@@ -253,6 +253,11 @@ def test_progress_line_fits_80_columns_with_f_mu_first():
         assert "12,600/40,000" in line, line
         assert width < 80 or "waiting for critic 12 s" in line, line
     assert "ETA 0m42s" in progress_line(snap(), 120)  # 27,400 steps left at 648 steps/s
+    # A problem with its command is cut, never dropped, on a narrow terminal; a log line holds it whole.
+    problem = "no critic: aesrl-queue critic start --run nc --redis-url redis://127.0.0.1:40123/0"
+    line = progress_line(snap(phase_text=problem), width=80)
+    assert len(line) <= 80 and "12,600/40,000" in line and "no critic: aesrl-queue critic start" in line, line
+    assert progress_line(snap(phase_text=problem), width=200).endswith(problem)
     assert label.startswith("waiting for critic")
     assert Phase(cfg).label(dict(st, steps=100)) == "random actions"
     # With a critic: nothing to say while it keeps within critic_lag, its lag when the scheduler holds jobs.
