@@ -4,10 +4,12 @@ for `aesrl_queue.train` (a tqdm bar), read from the run's keys in Redis once a s
 - f(μ)~ is the mean of the last F_MU_WINDOW estimates of f(μ). Each estimate is one episode of μ
   (mean_eval_episodes = 1), which on Pendulum-v1 swings by hundreds from one job to the next; the
   mean of ten moves with the policy, not with the start state.
-- The rate (stored steps per second) is smoothed exponentially with a time constant of RATE_TAU
-  seconds, and until that much time has passed it is the mean rate since the line started: the
-  random phase, RL jobs (whose steps arrive at the end of a job) and ES jobs store steps at very
-  different rates, and a window of 30 s gave ETAs that swung between 4 and 22 minutes.
+- The rate (stored steps per second) behind the ETA is the mean rate since the random phase ended
+  (since the line started, for a run without one). The random phase, RL jobs (whose steps arrive at
+  the end of a job, tens of seconds apart) and ES jobs store steps at very different rates: a window
+  of 30 s gave ETAs that swung between 4 and 22 minutes, and an exponential average over 60 s still
+  swung by a factor of two. Over the first RATE_TAU seconds after the phase ends the random
+  phase's rate fades out linearly, so the ETA moves to the new rate without a jump.
 - The phase is what the run waits for, or "" while it is simply working (`Phase.label`).
 """
 
@@ -23,7 +25,7 @@ from aesrl_queue.config import RunConfig
 from aesrl_queue.store import Store, live_workers
 
 F_MU_WINDOW = 10  # f(μ) estimates averaged into f(μ)~
-RATE_TAU = 60.0  # seconds: time constant of the smoothed rate behind the ETA
+RATE_TAU = 60.0  # seconds over which the random phase's rate fades out of the ETA
 IDLE_AFTER = 3.0  # seconds without a stored step before the line says what the run waits for
 STALLED_AFTER = 10.0  # seconds without an applied update before `status --watch` says "stalled"
 
@@ -45,28 +47,35 @@ def duration(seconds: float) -> str:
 
 
 class Rate:
-    """Stored steps per second, smoothed with time constant `tau` (see the module's docstring)."""
+    """Stored steps per second: the mean since `restart` (or the first call); for `tau` seconds after
+    a restart, blended linearly with the rate at the restart (see the module's docstring)."""
 
     def __init__(self, tau: float = RATE_TAU) -> None:
         self.tau = tau
         self.first: tuple[float, int] | None = None
         self.last: tuple[float, int] | None = None
+        self.restarted = False
+        self.bridge = 0.0  # the rate at the restart, weighed out linearly over tau seconds
         self.value = 0.0
+
+    def restart(self, t: float, steps: int) -> None:
+        """Measure from here on (the random phase is over); the value so far fades out over tau s."""
+        self.first, self.restarted, self.bridge = (t, steps), self.first is not None, self.value
 
     def add(self, t: float, steps: int) -> float:
         if self.first is None:
             self.first = self.last = (t, steps)
             return 0.0
         t0, s0 = self.first
-        tl, sl = self.last
+        tl = (self.last or self.first)[0]
         self.last = (t, steps)
         if t <= tl:
             return self.value
-        if t - t0 <= self.tau:
-            self.value = (steps - s0) / (t - t0)
-        else:
-            alpha = 1.0 - math.exp(-(t - tl) / self.tau)
-            self.value += alpha * ((steps - sl) / (t - tl) - self.value)
+        if t <= t0:
+            return self.value
+        mean = (steps - s0) / (t - t0)
+        w = min(1.0, (t - t0) / self.tau) if self.restarted else 1.0
+        self.value = w * mean + (1.0 - w) * self.bridge
         return self.value
 
 
@@ -159,6 +168,7 @@ class Progress:
         self.history_after: str | None = None
         self.moved_at = self.t0
         self.steps = -1
+        self.past_random = False  # the rate restarts once, when the random phase ends
 
     def _read_f_mu(self) -> None:
         """Append each new f(μ) estimate of the updates applied since the last look (an update
@@ -186,6 +196,9 @@ class Progress:
         self._read_f_mu()
         status = str(st.get("status", ""))
         stopped = status in ("finished", "stopped", "failed")
+        if not self.past_random and self.cfg.initial_steps and steps >= self.cfg.initial_steps:
+            self.past_random = True
+            self.rate.restart(now, steps)
         rate = 0.0 if stopped else self.rate.add(now, steps)
         idle = now - self.moved_at
         rl_jobs = self._rl_jobs() if idle >= IDLE_AFTER and not stopped else 0

@@ -595,7 +595,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
     f(μ)~      mean of the last 10 estimates of f(μ), the return of μ (the
                mean policy), each one episode
     N/M (P%)   stored env steps of the budget
-    steps/s    stored steps per second, smoothed over about a minute
+    steps/s    stored steps per second since the random phase ended
     ETA        the steps left at that rate
     elapsed    time since the progress line started
     phase      what the run waits for, when it waits: random actions (before

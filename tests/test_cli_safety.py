@@ -288,7 +288,22 @@ def test_smoothed_rate_keeps_the_eta_steady_through_a_slow_stretch():
     fresh = Rate(tau=60.0)
     fresh.add(0.0, 0)
     fresh.add(10.0, 5000)
-    assert fresh.add(20.0, 5000) == pytest.approx(250.0)  # before tau: the mean since the start
+    assert fresh.add(20.0, 5000) == pytest.approx(250.0)  # the mean since the start
+    # A fast random phase, then RL and ES jobs whose steps arrive in bursts of 1 000 every 10 s: after
+    # the restart the rate settles on the learning phase's 100 steps/s and stays within a quarter of
+    # it from one burst to the next, where the random phase's 1 000 steps/s would have stayed in it.
+    bursts = Rate(tau=60.0)
+    steps, values = 0, []
+    for t in range(10):
+        bursts.add(float(t), steps)
+        steps += 1000
+    bursts.restart(10.0, steps)
+    for t in range(10, 610):
+        if t % 10 == 0:
+            steps += 1000
+        values.append(bursts.add(float(t), steps))
+    assert all(75.0 < v < 125.0 for v in values[120:]), (min(values[120:]), max(values[120:]))
+    assert values[0] > 100.0  # it carries on from the random phase's rate instead of starting at 0
 
 
 @pytest.mark.slow
