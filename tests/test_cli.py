@@ -164,6 +164,6 @@ def test_the_example_config_is_what_config_show_prints():
 def test_run_help_explains_the_progress_line():
     out = aq("run", "--help")
     assert out.returncode == 0
-    for field in ("f(μ)~", "mean of the last 10 estimates", "smoothed", "ETA", "training RL individuals",
+    for field in ("f(μ)~", "mean of the last 10 estimates", "since the random phase ended", "ETA", "training RL individuals",
                   "waiting for critic", "random actions", "critic vN", "version of the critic"):
         assert field in out.stdout, field
