@@ -47,7 +47,8 @@ def test_bad_config_fields_are_one_line_config_errors(tmp_path) -> None:
 def test_train_to_completion_evaluate_and_a_user_registered_env(tmp_path) -> None:
     res = python(script(tmp_path, "full", f"""
         run = aq.train("Pendulum-v1", steps=1200, out="runs", run_id="full", {SMALL})
-        m = run.metrics
+        m = run.metrics  # a DataFrame where pandas is installed, else a list of records
+        records = m.to_dict("records") if hasattr(m, "to_dict") else m
         act = run.policy([1.0, 0.0, 0.0])
         ev = run.evaluate(episodes=2, seed=0)
         again = aq.load("runs/full").evaluate(episodes=2, seed=0)
@@ -57,7 +58,7 @@ def test_train_to_completion_evaluate_and_a_user_registered_env(tmp_path) -> Non
         mine = aq.train("MyNull-v0", algo="es", steps=400, workers=1, hidden=(8, 8), out="runs", run_id="mine",
                         progress=False)
         print(json.dumps({{"folder": str(run.folder), "summary": run.summary, "algo": run.config.algo,
-                          "rows": len(m), "types": sorted(set(m["type"])), "act": [float(a) for a in act],
+                          "rows": len(records), "types": sorted(set(r["type"] for r in records)), "act": [float(a) for a in act],
                           "ev": ev, "again": again, "mine": mine.summary, "mine_env": mine.config.env_id}}))
         """), tmp_path)
     out = json.loads(res.stdout.strip().splitlines()[-1])
