@@ -112,3 +112,9 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "cond
         time.sleep(interval)
     extra = on_fail() if on_fail else ""
     pytest.fail(f"timed out after {timeout}s waiting for {what}\n{extra}")
+
+
+def default_sigint() -> None:
+    """In a child before exec: Ctrl-C interrupts, as at a terminal. A shell without job control starts
+    background commands (a suite run with `&` or nohup) with SIGINT ignored, and children inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import child_env, wait_for
+from tests.conftest import child_env, default_sigint, wait_for
 
 SMALL = "hidden=(16, 16), critic_hidden=(32, 32), initial_steps=400, workers=2"
 
@@ -82,7 +82,8 @@ def test_ctrl_c_stops_train_and_load_resume_finishes_it(tmp_path) -> None:
             sys.exit(3)
         """)
     with open(err_path, "w") as err:
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=child_env(), cwd=tmp_path, text=True)
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=child_env(), cwd=tmp_path, text=True,
+                                 preexec_fn=default_sigint)
         try:
             folder = tmp_path / "runs" / "cut"
 

@@ -16,7 +16,7 @@ import pexpect
 import pytest
 
 from aesrl_queue.store import Store, live_workers
-from tests.conftest import ROOT, child_env, wait_for
+from tests.conftest import ROOT, child_env, default_sigint, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -50,12 +50,6 @@ def watch_numbers(text: str) -> tuple[list[int], list[int]]:
 def numbers_moved(text: str) -> bool:
     steps, versions = watch_numbers(text)
     return len(steps) >= 4 and steps[-1] > steps[0] and len(versions) >= 2 and versions[-1] > versions[0]
-
-
-def default_sigint() -> None:
-    """In the child before exec: Ctrl-C interrupts, as at a terminal. A shell without job control starts
-    background commands (a suite run with `&` or nohup) with SIGINT ignored, and children inherit that."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def tb_scalars(log_dir) -> dict[str, list]:
