@@ -49,7 +49,8 @@ def test_result_evaluated_and_store_stay_small() -> None:
 
 
 def test_no_lab_notebook_in_code_or_docs() -> None:
-    found = subprocess.run(["git", "grep", "-n", "-i", "sitting", "--", ".", ":!bench/results", ":!tests/test_lean_core.py"],
+    word = "sit" + "ting"  # spelled apart so that this file does not find itself
+    found = subprocess.run(["git", "grep", "-n", "-i", word, "--", ".", ":!bench/results"],
                            cwd=ROOT, capture_output=True, text=True)
     if found.returncode == 128:  # not a git checkout (an sdist): nothing to scan
         return
