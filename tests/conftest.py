@@ -118,3 +118,22 @@ def default_sigint() -> None:
     """In a child before exec: Ctrl-C interrupts, as at a terminal. A shell without job control starts
     background commands (a suite run with `&` or nohup) with SIGINT ignored, and children inherit that."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out

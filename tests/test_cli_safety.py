@@ -26,7 +26,7 @@ import pytest
 from aesrl_queue.config import RunConfig
 from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import Store
-from tests.conftest import ROOT, child_env, wait_for
+from tests.conftest import ROOT, child_env, descendants, wait_for
 from tests.faults import check_exactly_once, pid_gone
 
 AQ = [sys.executable, "-m", "cli.main"]
@@ -50,25 +50,6 @@ def one_line_error(out: subprocess.CompletedProcess) -> str:
 def digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (from /proc)."""
-    parents: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def processes_mentioning(text: str) -> list[str]:

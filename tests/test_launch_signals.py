@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from aesrl_queue import local as launch
-from tests.conftest import ROOT, child_env, default_sigint, wait_for
+from tests.conftest import ROOT, child_env, default_sigint, descendants, wait_for
 
 
 class Pass:
@@ -99,24 +99,6 @@ RUN = [sys.executable, "-m", "cli.main", "run", "--env", "Pendulum-v1", "--steps
        "--workers", "2", "--hidden", "16,16", "--critic-hidden", "32,32"]
 
 
-def _children(pid: int) -> list[int]:
-    """Every live process below `pid` (from /proc)."""
-    parents: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -145,7 +127,7 @@ def _interrupt_a_run_with_rl_jobs_in_hand(tmp_path: Path, presses: int) -> tuple
         r = redis.Redis.from_url(url())
         wait_for(lambda: any(w.get("kind") == "rl" for w in live_workers(r).values()), 300, interval=0.2,
                  what="an RL job in hand", on_fail=err_path.read_text)
-        kids = _children(launcher.pid)
+        kids = descendants(launcher.pid)
         assert len(kids) >= 5, kids  # redis-server, 2 workers, critic, scheduler
         t0 = time.monotonic()
         for i in range(presses):
