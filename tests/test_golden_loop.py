@@ -91,7 +91,7 @@ def _trace(redis_url: str, case: str) -> list[dict]:
         got = store.start_job(job, codec.pack({"worker": worker, "host": "golden", "pid": 0, "t": time.time()}))
         assert got, f"{job} was in flight but its start script refused it"
         info = sched.dispatch.inflight[job]
-        started[job] = {"version": int(got[0]), "mu": codec.decode_array(got[1], size=cfg.actor_dim, what="mu"),
+        started[job] = {"version": int(got[0]), "mu": codec.decode_array(store.dist_blobs(int(got[0]))[0], size=cfg.actor_dim, what="mu"),
                         "kind": info["kind"], "seed": int(info["seed"]), "rl_steps": int(info.get("rl_steps", 0))}
         running[worker] = job
 

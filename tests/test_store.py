@@ -189,6 +189,33 @@ def test_append_episode_refuses_non_finite_transitions_and_stores_nothing(store:
     assert st["steps"] == 10 and st["interactions"] == 10 and st["replay_held"] == 10
 
 
+def test_finish_job_stores_the_episode_or_only_counts_it(store: Store) -> None:
+    cfg = store.config()
+    res = {"kind": "es", "version": 0, "seed": 1, "len": 10}
+    kept = store.finish_job(episode(30, cfg), "j1", {"job": "j1", "fitness": 1.5, **res}, extra_interactions=4)
+    counted = store.finish_job(episode(20, cfg), "j2", {"job": "j2", "fitness": 2.5, **res}, keep=False)
+    assert store.r.xlen(store.key("replay")) == 1
+    st = store.state()
+    assert (st["steps"], st["interactions"], st["replay_held"]) == (50, 54, 30)
+    results = store.read_stream("results")
+    assert [i for i, _ in results] == [kept, counted]
+    got = [decode_result(i, f) for i, f in results]
+    assert [(r.steps, r.interactions, r.fitness) for r in got] == [(30, 34, 1.5), (50, 54, 2.5)]
+
+
+def test_start_job_names_the_version_and_its_blobs_stay(store: Store) -> None:
+    dim = store.config().actor_dim
+    store.publish_dist(3, np.full(dim, 0.5, np.float32), np.full(dim, 2.0, np.float32))
+    store.set_state(version=3)
+    store.add_inflight("j1", {"kind": "es", "version": 3, "seed": 1})
+    got = store.start_job("j1", b"info")
+    assert int(got[0]) == 3 and got[1] is None  # no critic published yet
+    assert store.r.hget(store.key("refs"), "j1") == b"3"
+    mu, var = store.dist_blobs(int(got[0]))
+    assert codec.decode_array(mu, size=dim)[0] == 0.5 and codec.decode_array(var, size=dim)[-1] == 2.0
+    assert store.start_job("gone", b"info") is None
+
+
 def test_decode_episode_round_trip_and_read_after(store: Store) -> None:
     cfg = store.config()
     tr = episode(6, cfg, start=2.0)

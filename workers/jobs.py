@@ -21,6 +21,7 @@ import redis
 from aesrl_queue import codec, noise
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import load_config_blob
+from aesrl_queue.optimizers import needs_critic_daemon
 from aesrl_queue.store import Store, decode_dist
 from workers.replica import ReplicaReader, reader_for
 
@@ -50,6 +51,8 @@ class _RunContext:
         self.cfg = self.store.config()
         cfg = self.cfg
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
+        # The replay's readers are the critic and RL jobs: a run without them stores no transitions.
+        self.keeps_replay = needs_critic_daemon(cfg)
         self.spec = NetSpec.from_config(cfg)
         self.actor = self.spec.make_numpy_actor()
         self.mirror = None  # obs-only replay mirror, built on the first RL job
@@ -62,14 +65,14 @@ class _RunContext:
     def begin(self, job: str, info: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
         """Start `job` on the primary: (version, μ, var) of the version it uses, None if no longer wanted."""
         store = self.store
-        started = store.start_job(job, info, versions_only=self.reader is not None)
+        started = store.start_job(job, info)
         if not started:
             return None
         version = int(started[0])
+        self.critic_named = int(started[1] or 0)
         if self.reader is None:
-            mu, var = started[1], started[2]
+            mu, var = store.dist_blobs(version) or (None, None)
         else:
-            self.critic_named = int(started[1] or 0)
             mu, var = self.reader.dist(store, version)
         return (version, *decode_dist(version, mu, var, self.cfg.actor_dim))
 
@@ -311,5 +314,5 @@ def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int,
         f_mu, f_mu_version, eval_steps = ctx.evaluate_mean(kind, version, mu, seed)
     fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
                   ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, **mirror, **extra)
-    store.finish_job(transitions, job, fields, extra_interactions=eval_steps)
+    store.finish_job(transitions, job, fields, extra_interactions=eval_steps, keep=ctx.keeps_replay)
     return {"job": job, "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}
