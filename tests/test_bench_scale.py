@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,3 +61,19 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
     assert {"workers", "bottleneck", "why", "ceilings", "first_limit_on_own_machines"} <= set(knee)
     assert knee["first_limit_on_own_machines"] in knee["ceilings"]
     assert "results/s" in proc.stdout and "knee at" in proc.stdout
+
+
+def test_loop_cost_measures_the_loop_alone(redis_url):
+    """bench/loop_cost.py: every fed result applied, the costs positive, and an ES-only run's workers
+    make two script calls per result (start and finish) and store no transitions."""
+    sys.path.insert(0, str(ROOT))
+    from bench.loop_cost import measure
+
+    client = redis.Redis.from_url(redis_url)
+    row = measure(redis_url, "aesrl", batch=6, results=18, workers=4, profile=False)
+    assert row["results"] >= 18 and row["dim"] == 129_193
+    assert row["loop_ms_per_result"] > 0 and row["eps_ms_per_result"] > 0 and row["redis_ms_per_result"] > 0
+    assert row["redis_by_command"]["evalsha"][0] == pytest.approx(2.0)
+    assert "xadd" in row["redis_by_command"]  # results and history entries; never an episode:
+    assert client.xlen("aesrl:loop-cost-aesrl-6:replay") == 0
+    assert client.hget("aesrl:loop-cost-aesrl-6:state", "steps") not in (None, b"0")
