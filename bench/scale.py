@@ -126,7 +126,7 @@ def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, 
               "spec_hash": spec_hash, "rl_steps": rl_steps, "status": "ok", "fitness": float(rng.standard_normal()),
               "len": episode_len, "f_mu": float(0.25 * rng.standard_normal()), "f_mu_version": f_mu_version,
               "ind": ind_key, "eval_steps": 0, "duration": time.monotonic() - t0, "train_time": train_s}
-    ctx.store.finish_job(_episode(episode_len), job, fields)
+    ctx.store.finish_job(_episode(episode_len), job, fields, keep=ctx.keeps_replay)  # as workers.jobs does
     return {"job": job}
 
 
