@@ -7,9 +7,10 @@ their finish script (a 1000-step episode of HalfCheetah's shapes), then the loop
 them as one batch: at 10 commits a second a batch of B is B·10 results/s. Measured per result:
 the loop thread's CPU (read + tell + commit), the ε thread's CPU (the rest of the process), and Redis's
 command time split by command (INFO commandstats; the start and finish scripts are the workers').
-`--profile` prints the loop thread's top functions (cProfile).
+`--profile` prints the loop thread's top functions (cProfile). Last, RQ's own Redis cost per job: the
+enqueue and a SimpleWorker's dequeue and bookkeeping of no-op jobs.
 
-Usage: python bench/loop_cost.py [--batch 10,100] [--results 600] [--algo aesrl] [--profile]
+Usage: python bench/loop_cost.py [--batch 10,100] [--results 600] [--algo aesrl] [--profile] [--out PATH]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import os
 import pstats
 import sys
@@ -129,10 +131,37 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
            "redis_calls_per_result": sum(v[0] for v in redis_by.values()), "redis_by_command": redis_by}
     if prof:
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=s).sort_stats(os.environ.get("LOOP_COST_SORT", "tottime")).print_stats(25)
         out["profile"] = s.getvalue()
     client.close()
     return out
+
+
+def rq_cost(url: str, jobs: int = 300) -> dict:
+    """Redis's side of RQ itself per job: enqueue (as the scheduler batches it) and a SimpleWorker's
+    dequeue and bookkeeping of a no-op job (workers.jobs.noop), result_ttl as the run config sets it."""
+    import redis
+    from rq import Queue, SimpleWorker
+
+    cfg = RunConfig()
+    client = redis.Redis.from_url(url)
+    queue = Queue("loop-cost-rq", connection=client)
+    datas = [Queue.prepare_data("workers.jobs.noop", kwargs={"job": f"j{i}"}, timeout=cfg.job_timeout,
+                                result_ttl=cfg.result_ttl, failure_ttl=cfg.failure_ttl, ttl=cfg.job_timeout * 4,
+                                job_id=f"loop-cost-rq-{i}") for i in range(jobs)]
+    a = commandstats(client)
+    queue.enqueue_many(datas)
+    b = commandstats(client)
+    SimpleWorker([queue], connection=client).work(burst=True, logging_level="WARNING")
+    c = commandstats(client)
+
+    def per_job(x, y):
+        keys = [k for k in y if k != "info"]
+        return (sum(y[k][0] - x.get(k, (0, 0))[0] for k in keys) / jobs,
+                sum(y[k][1] - x.get(k, (0, 0))[1] for k in keys) / jobs / 1e3)
+
+    (enq_calls, enq_ms), (work_calls, work_ms) = per_job(a, b), per_job(b, c)
+    return {"enqueue_calls": enq_calls, "enqueue_ms": enq_ms, "worker_calls": work_calls, "worker_ms": work_ms}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,12 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=128)
     ap.add_argument("--algo", default="aesrl", choices=("aesrl", "es"))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "loop_cost.json",
+                    help="where the rows are written ('' for nowhere)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(directory=Path(tmp)).start()
         try:
             rows = [measure(server.url, args.algo, int(b), args.results, args.workers, args.profile)
                     for b in args.batch.split(",")]
+            rq = rq_cost(server.url)
         finally:
             server.stop()
     print(f"{'batch':>6} {'results':>8} {'loop ms':>8} {'ε ms':>6} {'redis ms':>9} {'redis calls':>12}")
@@ -158,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         print("        redis: " + ", ".join(f"{k} {c:.1f}×/{ms:.3f} ms" for k, (c, ms) in top))
         if "profile" in r:
             print(r["profile"])
+    if str(args.out):
+        args.out.write_text(json.dumps({"benchmark": "loop_cost", "rows": [{k: v for k, v in r.items() if k != "profile"}
+                                                                           for r in rows], "rq": rq,
+                                        "machine": {"cores": os.cpu_count(), "loadavg": os.getloadavg()}},
+                                       indent=1) + "\n")
+    print(f"RQ itself, per job: enqueue {rq['enqueue_calls']:.0f} commands / {rq['enqueue_ms']:.3f} ms of Redis; "
+          f"a worker's dequeue and bookkeeping {rq['worker_calls']:.0f} commands / {rq['worker_ms']:.3f} ms")
     return 0
 
 
