@@ -483,35 +483,56 @@ def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> 
 
 def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Workers one primary carries, per mix and set-up, on each link and job time: the results/s that
-    the first of the link (bytes out per result), Redis's command thread and the scheduler's loop
-    allows (each from the busiest measured point of that mix and set-up), times the job seconds."""
+    the first of the link, Redis's command thread and the scheduler's loop thread allows, from the
+    busiest point of that mix and set-up that kept up (≥ KNEE_EFFICIENCY of ideal; the busiest point
+    when none did), times the job seconds.
+
+    The link: the primary's egress is H·F + R·b, with H the point's hosts, F the bytes a host's relay
+    receives per second (the versions, the critic and the replay's observations, measured at that
+    point: they follow the versions published, not the results) and b the rest per result; without a
+    relay everything is per result. The scheduler: its loop thread is single-threaded; the ε of ES jobs
+    runs on threads beside it, and the cores those need at the allowed rate are reported with it."""
     out = []
     for share in sorted({r["rl_share_target"] for r in rows}):
         for copy in ("none", "replica", "relay"):
             pts = [r for r in rows if r["rl_share_target"] == share and r.get("copy", "none") == copy]
             if not pts:
                 continue
-            best = max(pts, key=lambda r: r["results_per_s"])
+            kept = [r for r in pts if r["efficiency"] >= KNEE_EFFICIENCY]
+            best = max(kept or pts, key=lambda r: r["results_per_s"])
+            hosts, rate = best["hosts"], best["results_per_s"]
+            to_relay = best.get("relay_MB_per_result_per_host", 0.0) if copy == "relay" else 0.0
+            fixed = hosts * to_relay * rate  # MB/s, whatever the rate
+            per_result = max(1e-9, best["out_MB_per_result"] - hosts * to_relay)
+            loop_ms = best.get("scheduler_loop_ms_per_result", best["scheduler_ms_per_result"])
+            beside_ms = max(0.0, best["scheduler_ms_per_result"] - loop_ms)
             for link, mbps in LINKS.items():
-                limits = {"link": mbps / max(1e-9, best["out_MB_per_result"]),
+                limits = {"link": max(0.0, mbps - fixed) / per_result,
                           "redis": 1e3 / max(1e-9, best["redis_ms_per_result"]),
-                          "scheduler": 1e3 / max(1e-9, best["scheduler_ms_per_result"])}
+                          "scheduler": 1e3 / max(1e-9, loop_ms)}
                 first = min(limits, key=limits.get)
-                out.append({"rl_share": share, "copy": copy, "hosts": best["hosts"], "link": link,
+                r_max = limits[first]
+                out.append({"rl_share": share, "copy": copy, "hosts": hosts, "link": link,
                             "at_workers": best["workers"], "out_MB_per_result": best["out_MB_per_result"],
-                            "results_per_s": limits[first], "bound_by": first,
-                            "workers": {f"{t:g}s": int(limits[first] * t) for t in JOB_SECONDS}})
+                            "fixed_MBps": fixed, "MB_per_result": per_result,
+                            "out_MB_per_result_per_host_there": (fixed + r_max * per_result) / max(1e-9, r_max) / hosts,
+                            "results_per_s": r_max, "bound_by": first, "limits": limits,
+                            "scheduler_other_cores": beside_ms * r_max / 1e3,
+                            "workers": {f"{t:g}s": int(r_max * t) for t in JOB_SECONDS}})
     return out
 
 
 def render_capacity(cap: list[dict[str, Any]]) -> str:
-    lines = ["workers one primary carries (from the per-result costs at the busiest point of each set-up):"]
+    lines = ["workers one primary carries (the costs of the busiest point of each set-up that kept up; the\n"
+             "scheduler's loop thread on one core, its ε threads needing the cores given; egress per result\n"
+             "and host at that rate):"]
     for c in cap:
         mix = "ES" if c["rl_share"] == 0 else f"AES-RL {c['rl_share']:.0%}"
         setup = f"{c['hosts']} hosts" + (f", a {c['copy']} each" if c["copy"] != "none" else ", no copy")
         jobs = ", ".join(f"{n} with {t} jobs" for t, n in c["workers"].items())
-        lines.append(f"  {mix:11s} {setup:28s} {c['link']:6s}: {c['results_per_s']:7.0f} results/s "
-                     f"(bound by {c['bound_by']}; {c['out_MB_per_result']:.3f} MB out/result) -> {jobs}")
+        lines.append(f"  {mix:11s} {setup:24s} {c['link']:6s}: {c['results_per_s']:6.0f} results/s "
+                     f"(bound by {c['bound_by']}; {c['out_MB_per_result_per_host_there']:.3f} MB/result/host; "
+                     f"+{c['scheduler_other_cores']:.1f} cores for ε) -> {jobs}")
     return "\n".join(lines)
 
 
@@ -596,7 +617,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=None, help="measurement seconds per point")
     ap.add_argument("--out", default=None,
                     help="JSON results path (default: bench/results/scale.json; --quick: a temporary folder)")
+    ap.add_argument("--capacity-from", nargs="+", metavar="JSON",
+                    help="measure nothing: print (and write into the first file) the capacity from saved rows")
     args = ap.parse_args(argv)
+    if args.capacity_from:
+        files = [Path(f) for f in args.capacity_from]
+        saved = [json.loads(f.read_text()) for f in files]
+        rows = [r for d in saved for r in d["rows"]]
+        saved[0]["capacity"] = capacity(rows)
+        print(render_capacity(saved[0]["capacity"]))
+        files[0].write_text(json.dumps(saved[0], indent=2))
+        print(f"wrote the capacity of {len(rows)} rows into {files[0]}")
+        return 0
     if args.out is None:
         args.out = str(Path(tempfile.mkdtemp(prefix="aesrl-bench-")) / DEFAULT_OUT.name if args.quick else DEFAULT_OUT)
     data = run(args)

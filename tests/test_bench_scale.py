@@ -77,3 +77,24 @@ def test_loop_cost_measures_the_loop_alone(redis_url):
     assert "xadd" in row["redis_by_command"]  # results and history entries; never an episode:
     assert client.xlen("aesrl:loop-cost-aesrl-6:replay") == 0
     assert client.hget("aesrl:loop-cost-aesrl-6:state", "steps") not in (None, b"0")
+
+
+def test_capacity_projects_the_relays_bytes_per_host_and_the_loop_thread():
+    """Relay bytes follow the versions (per second and host), the rest the results; the scheduler's
+    limit is its loop thread, with the ε threads' cores beside it; a starved point is not used."""
+    sys.path.insert(0, str(ROOT))
+    from bench.scale import GBE_MBPS, capacity
+
+    def row(workers, rate, efficiency, out_per_result, loop_ms):
+        return {"rl_share_target": 0.0, "copy": "relay", "hosts": 4, "workers": workers, "results_per_s": rate,
+                "efficiency": efficiency, "relay_MB_per_result_per_host": 0.1, "out_MB_per_result": out_per_result,
+                "redis_ms_per_result": 0.5, "scheduler_ms_per_result": 2.0, "scheduler_loop_ms_per_result": loop_ms}
+
+    cap = capacity([row(128, 100.0, 0.99, 0.45, 1.0), row(256, 120.0, 0.5, 0.42, 0.1)])
+    one = next(c for c in cap if c["link"] == "1 GbE")
+    assert one["at_workers"] == 128  # the 256-worker point did not keep up
+    assert one["limits"]["link"] == pytest.approx((GBE_MBPS - 4 * 0.1 * 100.0) / (0.45 - 4 * 0.1))
+    assert one["limits"]["redis"] == pytest.approx(2000.0) and one["limits"]["scheduler"] == pytest.approx(1000.0)
+    assert one["bound_by"] == "scheduler" and one["workers"] == {"1s": 1000, "5s": 5000}
+    assert one["scheduler_other_cores"] == pytest.approx(1.0)
+    assert one["out_MB_per_result_per_host_there"] == pytest.approx((40.0 + 1000 * 0.05) / 1000 / 4)
