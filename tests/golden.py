@@ -17,6 +17,7 @@ import math
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -122,6 +123,7 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
     """Fixed job specs evaluated by the worker's job function against a real Redis."""
     import torch
 
+    import workers.jobs
     from aesrl_queue.nets import NetSpec, get_flat
     from aesrl_queue.store import Store
     from workers.jobs import run_job
@@ -151,8 +153,14 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
         job = f"{cfg.run_id}-j1"
         store.add_inflight(job, {"kind": kind, "version": 0, "seed": 1234, "n": 1})
         torch.manual_seed(0)
-        run_job(client, cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
-                random_actions=random_actions)
+        # Every job's episode is stored here, also the es run's (which keeps no replay: it has no
+        # critic), so that the transitions it computes are compared bit for bit with the recording;
+        # test_golden checks apart that such a run stores none.
+        with mock.patch("workers.jobs.needs_critic_daemon", return_value=True):
+            workers.jobs._CONTEXTS.clear()
+            run_job(client, cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
+                    random_actions=random_actions)
+        workers.jobs._CONTEXTS.clear()
         (_, res), = client.xrange(store.key("results"))
         res = {k.decode(): v.decode() for k, v in res.items()}
         assert res["status"] == "ok", res

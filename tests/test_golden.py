@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tests import golden
@@ -35,3 +36,26 @@ def test_worker_jobs_match_the_recorded_ones(client) -> None:
     assert set(got) == set(RECORDED["worker"])
     for name, want in RECORDED["worker"].items():
         assert got[name] == want, f"worker job {name}: {got[name]} != {want}"
+
+
+def test_a_run_without_a_critic_stores_no_transitions_and_computes_the_same(client) -> None:
+    """The es job of the worker traces, run as its run runs it: the recorded result, its steps counted,
+    and nothing stored in the replay (nothing would read it)."""
+    import workers.jobs
+    from aesrl_queue.store import Store
+
+    cfg = golden.config("es", run_id="golden-w-es-plain")
+    store = Store(client, cfg.run_id)
+    store.write_config(cfg)
+    dim = cfg.actor_dim
+    store.publish_dist(0, np.linspace(-0.4, 0.4, dim, dtype=np.float32), np.full(dim, 1e-2, dtype=np.float32))
+    store.set_state(version=0)
+    job = f"{cfg.run_id}-j1"
+    store.add_inflight(job, {"kind": "es", "version": 0, "seed": 1234, "n": 1})
+    workers.jobs._CONTEXTS.clear()
+    workers.jobs.run_job(client, cfg.run_id, job, "es", 0, 1234, cfg.spec_hash)
+    (_, res), = client.xrange(store.key("results"))
+    want = RECORDED["worker"]["es-antithetic"]
+    assert float(res[b"fitness"]) == want["fitness"] and float(res[b"mirror_fitness"]) == want["mirror_fitness"]
+    assert client.xlen(store.key("replay")) == 0
+    assert store.state()["steps"] == want["len"] + want["mirror_len"] == int(res[b"steps"])
