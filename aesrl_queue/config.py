@@ -7,6 +7,7 @@ evaluates a policy under the wrong environment or network shape.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -163,7 +164,9 @@ class RunConfig:
             if name in REMOVED_FIELDS:
                 raise ConfigError(name, f"this field was removed: {REMOVED_FIELDS[name]}; delete it from the config")
         if unknown:
-            raise ConfigError(unknown[0], f"unknown field; known fields: {', '.join(sorted(known))}")
+            near = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.75)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(unknown[0], f"unknown field{hint}; known fields: {', '.join(sorted(known))}")
         cfg = cls(**values)
         for name in ("hidden", "critic_hidden"):
             val = getattr(cfg, name)

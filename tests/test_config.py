@@ -200,6 +200,8 @@ def test_from_dict_rejects_unknown_fields_and_bad_layer_strings() -> None:
         RunConfig.from_dict({"env_id": "Hopper-v5", "learning_rate": 0.1})
     assert err.value.field == "learning_rate"
     assert "known fields" in str(err.value)
+    with pytest.raises(ConfigError, match=r"unknown field \(did you mean 'total_steps'\?\)"):
+        RunConfig.from_dict({"env_id": "Hopper-v5", "total_step": 1000})
     with pytest.raises(ConfigError) as err:
         RunConfig.from_dict({"hidden": "400,three"})
     assert err.value.field == "hidden"
