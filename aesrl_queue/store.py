@@ -28,6 +28,8 @@ RUNS_KEY = "aesrl:runs"  # zset run_id -> created_at: every run on this Redis
 WORKERS_KEY = "aesrl:workers"  # set of worker names that heartbeat
 WORKER_KEY = "aesrl:worker:{name}"  # hash with a short TTL, refreshed by the worker's heartbeat
 WORKER_TTL = 10  # seconds a worker counts as live after its last heartbeat
+RELAYS_KEY = "aesrl:relays"  # set of the hosts whose relay heartbeats (workers/relay.py)
+RELAY_KEY = "aesrl:relay:{name}"  # hash with WORKER_TTL: what the host's relay has copied
 QUEUE_RL = "aesrl-rl"
 QUEUE_ES = "aesrl-es"
 # Names under a run's prefix (Store.key) of its streams and of the version each started job uses; the
@@ -680,12 +682,20 @@ def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
 
 def worker_beat(client: redis.Redis, name: str, fields: dict[str, Any]) -> None:
     """One heartbeat: replace the worker's hash with `fields`, give it WORKER_TTL, list its name."""
-    key = WORKER_KEY.format(name=name)
+    _beat(client, WORKER_KEY.format(name=name), WORKERS_KEY, name, fields)
+
+
+def relay_beat(client: redis.Redis, name: str, fields: dict[str, Any]) -> None:
+    """A host's relay says what it has copied (`status` lists it), as a worker's heartbeat does."""
+    _beat(client, RELAY_KEY.format(name=name), RELAYS_KEY, name, fields)
+
+
+def _beat(client: redis.Redis, key: str, members: str, name: str, fields: dict[str, Any]) -> None:
     pipe = client.pipeline()
     pipe.delete(key)
     pipe.hset(key, mapping=fields)
     pipe.expire(key, WORKER_TTL)
-    pipe.sadd(WORKERS_KEY, name)
+    pipe.sadd(members, name)
     pipe.execute()
 
 
@@ -695,26 +705,35 @@ def worker_gone(client: redis.Redis, name: str) -> None:
     client.srem(WORKERS_KEY, name)
 
 
-def worker_ages(client: redis.Redis, names: list[str]) -> list[float | None]:
-    """Seconds since each worker's last heartbeat, from its key's TTL (Redis's clock, not the worker's);
-    None where the key is gone or has no TTL."""
+def worker_ages(client: redis.Redis, names: list[str], key_format: str = WORKER_KEY) -> list[float | None]:
+    """Seconds since each worker's (or with RELAY_KEY, relay's) last heartbeat, from its key's TTL
+    (Redis's clock, not the host's); None where the key is gone or has no TTL."""
     if not names:
         return []
     pipe = client.pipeline(transaction=False)
     for n in names:
-        pipe.pttl(WORKER_KEY.format(name=n))
+        pipe.pttl(key_format.format(name=n))
     return [max(0.0, WORKER_TTL - ttl / 1000.0) if isinstance(ttl, int) and ttl >= 0 else None
             for ttl in pipe.execute()]
 
 
 def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
     """Workers whose heartbeat key still exists, with their fields; prunes the dead from the set."""
-    names = [_text(n) for n in client.smembers(WORKERS_KEY)]
+    return _live(client, WORKERS_KEY, WORKER_KEY)
+
+
+def live_relays(client: redis.Redis) -> dict[str, dict[str, str]]:
+    """The hosts' relays that heartbeat, with what each has copied; prunes the dead from the set."""
+    return _live(client, RELAYS_KEY, RELAY_KEY)
+
+
+def _live(client: redis.Redis, members: str, key_format: str) -> dict[str, dict[str, str]]:
+    names = [_text(n) for n in client.smembers(members)]
     if not names:
         return {}
     pipe = client.pipeline(transaction=False)
     for n in names:
-        pipe.hgetall(WORKER_KEY.format(name=n))
+        pipe.hgetall(key_format.format(name=n))
     out, dead = {}, []
     for n, fields in zip(names, pipe.execute(), strict=True):
         if fields:
@@ -722,7 +741,7 @@ def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
         else:
             dead.append(n)
     if dead:
-        client.srem(WORKERS_KEY, *dead)
+        client.srem(members, *dead)
     return out
 
 

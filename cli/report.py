@@ -12,7 +12,7 @@ import redis
 from aesrl_queue.codec import CodecError
 from aesrl_queue.optimizers import rl_target
 from aesrl_queue.progress import STALLED_AFTER
-from aesrl_queue.store import Store, live_workers, worker_ages
+from aesrl_queue.store import RELAY_KEY, Store, live_relays, live_workers, worker_ages
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
 
@@ -102,6 +102,16 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
              "job": w.get("job", ""), "run": w.get("run", ""), "jobs_done": int(w.get("jobs_done", 0) or 0),
              "last_seen": round(seen, 1) if seen is not None else None,
              "queues": w.get("queues", "")})
+    # Each host's relay (`aesrl-queue worker`): what it has copied, and how long ago it last looked.
+    out["relays"] = []
+    relays = live_relays(client)
+    names = sorted(relays)
+    for name, seen in zip(names, worker_ages(client, names, RELAY_KEY), strict=True):
+        r = relays[name]
+        out["relays"].append({"name": name, "host": r.get("host", ""), "pid": r.get("pid", ""),
+                              "runs": int(r.get("runs", 0) or 0), "versions": int(r.get("versions", 0) or 0),
+                              "mb": float(r.get("mb", 0) or 0), "errors": int(r.get("errors", 0) or 0),
+                              "looked_s": round(seen, 1) if seen is not None else None})
     return out
 
 
@@ -147,6 +157,12 @@ def render(s: dict[str, Any]) -> str:
     for w in s["workers"]:
         lines.append(f"    {w['host']}:{w['pid']:<8} {w['kind'] or 'idle':5} jobs {w['jobs_done']:<6} "
                      f"seen {_f(w['last_seen'])}s ago  {w['run']}")
+    relays = s.get("relays", [])
+    if relays:
+        lines.append(f"  relays {len(relays)} (one copy of each version per host)")
+    for r in relays:
+        lines.append(f"    {r['host']}:{r['pid']:<8} versions {r['versions']:<6} {r['mb']:.0f} MB copied  "
+                     f"errors {r['errors']}  last look {_f(r['looked_s'])}s ago")
     return "\n".join(lines)
 
 

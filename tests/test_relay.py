@@ -12,7 +12,7 @@ import pytest
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.redis_server import RedisServer
-from aesrl_queue.store import Store, live_workers
+from aesrl_queue.store import Store, live_relays, live_workers
 from tests.conftest import wait_for
 from tests.faults import check_exactly_once
 from workers.relay import Relay
@@ -78,6 +78,31 @@ def test_relay_copies_versions_critic_and_the_replay_of_rl_runs_only(client, loc
     relay._runs_at = -1e9
     relay.step()
     assert "relay-es" not in relay.runs and "relay-rl" in relay.runs
+
+
+def test_a_running_relay_heartbeats_and_status_lists_it(client, local):
+    """The relay says what its host holds, after each look that went through; `status` shows it."""
+    import threading
+
+    from cli.report import gather, render
+
+    store, cfg = _run(client, "relay-beat", "es")
+    _publish(store, cfg, 2)
+    stop = threading.Event()
+    relay = Relay(client, local, stop=stop)
+    thread = relay.start()
+    try:
+        wait_for(lambda: int(live_relays(client).get(relay.name, {}).get("versions", 0)) >= 1, timeout=10,
+                 what="a relay heartbeat naming one copied version")
+        beat = live_relays(client)[relay.name]
+        assert int(beat["runs"]) >= 1 and int(beat["errors"]) == 0 and float(beat["mb"]) >= 0
+        status = gather(client, "relay-beat")
+        mine = [r for r in status["relays"] if r["name"] == relay.name]
+        assert len(mine) == 1 and mine[0]["versions"] >= 1 and 0 <= mine[0]["looked_s"] < 10
+        assert re.search(r"relays \d+ .*\n(.*\n)*.* versions \d+ ", render(status))
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 @pytest.mark.slow

@@ -17,6 +17,8 @@ bounded wait (0.25 s), and a relay that is down is skipped the same way.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 
@@ -26,7 +28,7 @@ from aesrl_queue import codec
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import load_config_blob
 from aesrl_queue.optimizers import uses_rl
-from aesrl_queue.store import Store, decode_dist, list_runs
+from aesrl_queue.store import Store, decode_dist, list_runs, relay_beat
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ POLL_S = 0.005
 # after the primary names it, so only the newest few are ever read.
 DIST_TTL_S = 120
 RUNS_EVERY_S = 1.0  # seconds between looks for runs to follow (new, finished)
+BEAT_S = 2.0  # seconds between the relay's heartbeats (what it has copied, for `status`)
 ACTIVE = ("created", "running", "draining")
 
 
@@ -58,21 +61,34 @@ class Relay:
         self.primary = primary
         self.local = local
         self.stop = stop or threading.Event()
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.runs: dict[str, _Run] = {}
         self._runs_at = -RUNS_EVERY_S
         # bytes: the payload received from the primary (μ/var, critic weights, replay observations)
         self.stats = {"versions": 0, "bytes": 0, "critics": 0, "replay_reads": 0, "errors": 0}
 
     def run(self) -> None:
+        beat_at = -BEAT_S
         while not self.stop.is_set():
             try:
                 self.step()
+                if time.monotonic() - beat_at >= BEAT_S:  # only after a look that went through
+                    self.beat()
+                    beat_at = time.monotonic()
             except (redis.RedisError, OSError, CodecError) as exc:
                 self.stats["errors"] += 1
                 log.warning("relay: %s; trying again in 1s", exc)
                 self.stop.wait(1.0)
                 continue
             self.stop.wait(POLL_S)
+
+    def beat(self) -> None:
+        """What this host's copy holds, for `aesrl-queue status`: written after a look that went through,
+        so its age says how long ago the relay last followed the primary (gone WORKER_TTL after it stops)."""
+        relay_beat(self.primary, self.name, {
+            "host": socket.gethostname(), "pid": os.getpid(), "runs": len(self.runs),
+            "versions": self.stats["versions"], "mb": round(self.stats["bytes"] / 1e6, 1),
+            "errors": self.stats["errors"]})
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name="aesrl-relay", daemon=True)
