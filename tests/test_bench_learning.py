@@ -7,6 +7,7 @@ from __future__ import annotations
 import configparser
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -213,3 +214,37 @@ def test_quick_scores_snapshots_in_a_temporary_folder():
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     assert committed_results() == before
+
+
+def test_the_final_policy_fills_only_milestones_a_run_ended_one_episode_short_of(tmp_path):
+    """bench/learning_final.py: td3 on Hopper ends at 99,942 steps; its final actor stands for 100 % and
+    100k interactions, marked as such; a run far short of a milestone, or one that did not finish, gets none."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import learning_final
+
+    runs = tmp_path / "learning-protocol"
+    rows = []
+    for seed, (steps, status) in {101: (99_942, "finished"), 102: (60_000, "finished"), 103: (99_990, "failed")}.items():
+        folder = runs / "Hopper-v5" / f"td3-s{seed}"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"status": status, "steps": steps}))
+        (folder / "config.json").write_text(json.dumps({"max_episode_steps": 1000}))
+        np.savez(folder / "policy.npz", mu=np.full(3, float(seed), np.float32))
+        rows.append({"env": "Hopper-v5", "algo": "td3", "seed": seed, "steps": steps, "interactions": steps,
+                     "scores": {"25": {"mean": 1.0}, "50": {"mean": 2.0}}})
+    results = tmp_path / "learning-protocol.json"
+    results.write_text(json.dumps({"protocol": learning.PROTOCOL, "rows": rows, "crashes": []}))
+    scored = []
+
+    def score(path, seeds):  # records what it was asked to score; the scorer itself is the protocol's
+        scored.append((Path(path).parent.name, list(seeds)))
+        return {"returns": [7.0] * len(seeds), "mean": 7.0}
+
+    done = learning_final.amend(results, runs, score, learning.update)
+    assert scored == [("td3-s101", learning.PROTOCOL["eval_seeds"])] * 2
+    assert [d.split(" = ")[0] for d in done] == ["Hopper-v5:td3:101 100", "Hopper-v5:td3:101 i100k"]
+    after = {r["seed"]: r["scores"] for r in json.loads(results.read_text())["rows"]}
+    assert after[101]["100"] == {"returns": [7.0] * 10, "mean": 7.0, "at_steps": 99_942,
+                                 "at_interactions": 99_942, "from": "final policy"}
+    assert set(after[102]) == set(after[103]) == {"25", "50"}
+    assert learning_final.amend(results, runs, score, learning.update) == []  # once only
