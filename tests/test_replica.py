@@ -173,6 +173,40 @@ def test_a_dead_replica_falls_back_and_is_bypassed(pair, clients, monkeypatch):
     stats = ctx.reader.stats
     assert stats["errors"] == replica.BYPASS_AFTER, stats  # then it stops trying for a while
     assert not ctx.reader.usable()
+    # Skipped for failing (not for lagging), it is not tried for the replay either.
+    store.append_episode({"obs": np.ones((4, cfg.obs_dim), np.float32), "act": np.zeros((4, cfg.act_dim), np.float32),
+                          "rew": np.zeros(4, np.float32), "next_obs": np.zeros((4, cfg.obs_dim), np.float32),
+                          "done": np.zeros(4, np.float32)}, "e0")
+    assert ctx.sync_mirror() == 4 and ctx.reader.stats["errors"] == replica.BYPASS_AFTER
+
+
+def test_a_replica_skipped_for_lagging_still_serves_the_replay(pair, clients, monkeypatch):
+    """Versions a lagging copy lacks come from the primary, and after BYPASS_AFTER of them in a row the
+    copy is skipped; the replay (append-only) is still read from it: fewer entries, the rest later,
+    never a whole catch-up from the primary."""
+    p, r = clients
+    store, cfg = _run(p, version=3)
+    ep = {"obs": np.ones((4, cfg.obs_dim), np.float32), "act": np.zeros((4, cfg.act_dim), np.float32),
+          "rew": np.zeros(4, np.float32), "next_obs": np.zeros((4, cfg.obs_dim), np.float32),
+          "done": np.zeros(4, np.float32)}
+    old = [store.append_episode(ep, f"e{i}") for i in range(3)]
+    wait_for(lambda: _synced(p, r), 60, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=0.05)
+    _detach(r)
+    new = [store.append_episode(ep, f"n{i}") for i in range(2)]
+    for i in range(replica.BYPASS_AFTER):
+        _publish(store, cfg, 4 + i)  # not on the copy: each job reads its version from the primary
+        assert _begin(ctx, f"j{20 + i}")[0] == 4 + i
+    assert not ctx.reader.usable(), ctx.reader.stats
+    before = dict(ctx.reader.stats)
+    assert ctx.sync_mirror() == 3 * 4  # what the copy holds: the three old episodes only
+    last = ctx.mirror_last.decode() if isinstance(ctx.mirror_last, bytes) else ctx.mirror_last
+    assert last == old[-1]
+    assert ctx.reader.stats["replica"] > before["replica"] and ctx.reader.stats["primary"] == before["primary"]
+    _attach(r, pair[0].port)  # the copy catches up: the next job's mirror takes the rest from it
+    wait_for(lambda: _synced(p, r), 60, what="replication")
+    assert ctx.sync_mirror() == len(new) * 4 and len(ctx.mirror) == (len(old) + len(new)) * 4
+    assert ctx.reader.stats["primary"] == before["primary"]
 
 
 def test_worker_cli_refuses_a_read_url_that_is_not_a_replica(pair):

@@ -96,7 +96,8 @@ class _RunContext:
             if self.reader is None:
                 rows = self.store.read_stream("replay", self.mirror_last, count=500)
             else:
-                rows = self.reader.read(lambda c: self.store.read_stream("replay", self.mirror_last, count=500, client=c))
+                rows = self.reader.read(lambda c: self.store.read_stream("replay", self.mirror_last, count=500, client=c),
+                                        append_only=True)
             if not rows:
                 return added
             for entry_id, fields in rows:

@@ -56,6 +56,7 @@ class ReplicaReader:
         self.url = url
         self._lock = threading.Lock()
         self._misses = 0  # fallbacks in a row
+        self._errors = 0  # of them, the ones where the replica failed to answer (not merely lagged)
         self._bypass_until = 0.0
         # Counters, for logs, tests and the scale benchmark.
         self.stats = {"replica": 0, "waited": 0, "primary": 0, "errors": 0}
@@ -71,12 +72,13 @@ class ReplicaReader:
     def _hit(self) -> None:
         with self._lock:
             self.stats["replica"] += 1
-            self._misses = 0
+            self._misses = self._errors = 0
 
-    def _miss(self, why: str) -> None:
+    def _miss(self, why: str, error: bool = False) -> None:
         with self._lock:
             self.stats["primary"] += 1
             self._misses += 1
+            self._errors += int(error)
             if self._misses >= BYPASS_AFTER and self.usable():
                 self._bypass_until = time.monotonic() + BYPASS_S
                 log.warning("replica %s: %d reads in a row fell back to the primary (%s); reading the primary "
@@ -97,16 +99,20 @@ class ReplicaReader:
         return info
 
     # -- reads ----------------------------------------------------------------------------------------
-    def read(self, fn: Callable[[redis.Redis], T]) -> T:
-        """fn(replica), or fn(primary) when the replica is skipped or fails to answer."""
-        if self.usable():
+    def read(self, fn: Callable[[redis.Redis], T], append_only: bool = False) -> T:
+        """fn(replica), or fn(primary) when the replica is skipped or fails to answer.
+
+        `append_only`: a read of a stream (the replay), where a lagging copy only has fewer entries and
+        the next read takes the rest; it stays on the replica while the replica is skipped for lagging,
+        so a copy that falls behind at a run's start does not send whole replay catch-ups to the primary."""
+        if self.usable() or (append_only and not self._errors):
             try:
                 out = fn(self.replica)
                 self._hit()
                 return out
             except _REPLICA_ERRORS as exc:
                 self._count("errors")
-                self._miss(f"{type(exc).__name__}: {exc}")
+                self._miss(f"{type(exc).__name__}: {exc}", error=True)
         else:
             self._count("primary")
         return fn(self.primary)
@@ -135,7 +141,7 @@ class ReplicaReader:
                 self._miss(f"{what} not on the replica after {self.wait_s:.2f}s")
             except _REPLICA_ERRORS as exc:
                 self._count("errors")
-                self._miss(f"{type(exc).__name__}: {exc}")
+                self._miss(f"{type(exc).__name__}: {exc}", error=True)
         else:
             self._count("primary")
         out = fn(self.primary)
