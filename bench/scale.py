@@ -481,7 +481,32 @@ def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> 
     return {**out, "workers": knee["workers"], "bottleneck": name, "why": why}
 
 
-def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def at_rate_model(loop: dict[str, Any]) -> dict[str, Any] | None:
+    """Per-second costs of the scheduler's loop thread and Redis's command thread at r results/s, from
+    bench/loop_cost.py's two batch sizes (B results per commit at COMMIT_HZ commits/s): each costs
+    a + F/B per result, a per result and F per commit, so a·r + F·COMMIT_HZ ms per second; Redis also
+    pays the relays' polls per host and second. None without two rows that ran with relays."""
+    rows = sorted((r for r in loop.get("rows", []) if r.get("relays")), key=lambda r: r["batch"])
+    if len(rows) < 2 or loop.get("rq") is None:
+        return None
+    lo, hi = rows[0], rows[-1]
+    hz = loop.get("commit_hz", 10)
+
+    def fit(c_lo: float, c_hi: float) -> tuple[float, float]:
+        per_commit = (c_lo - c_hi) / (1 / lo["batch"] - 1 / hi["batch"])
+        return max(1e-9, c_hi - per_commit / hi["batch"]), max(0.0, per_commit)
+
+    def redis(r: dict[str, Any]) -> float:  # per result, the relays' polls left out
+        a = r["at_rate"]
+        return a["redis_ms"] - r["relay_idle_ms_per_s_per_host"] * r["relays"] / a["results_per_s"]
+
+    loop_a, loop_f = fit(lo["loop_ms_per_result"], hi["loop_ms_per_result"])
+    redis_a, redis_f = fit(redis(lo), redis(hi))
+    return {"hz": hz, "loop": (loop_a, loop_f), "redis": (redis_a, redis_f), "eps_ms": hi["eps_ms_per_result"],
+            "relay_ms_per_s": hi["relay_idle_ms_per_s_per_host"], "batches": [lo["batch"], hi["batch"]]}
+
+
+def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Workers one primary carries, per mix and set-up, on each link and job time: the results/s that
     the first of the link, Redis's command thread and the scheduler's loop thread allows, from the
     busiest point of that mix and set-up that kept up (≥ KNEE_EFFICIENCY of ideal; the busiest point
@@ -491,7 +516,12 @@ def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     receives per second (the versions, the critic and the replay's observations, measured at that
     point: they follow the versions published, not the results) and b the rest per result; without a
     relay everything is per result. The scheduler: its loop thread is single-threaded; the ε of ES jobs
-    runs on threads beside it, and the cores those need at the allowed rate are reported with it."""
+    runs on threads beside it, and the cores those need at the allowed rate are reported with it.
+
+    With `loop` (bench/loop_cost.py's JSON), an ES run with relays takes the scheduler's and Redis's
+    costs from `at_rate_model` instead: measured at 100 and 1,000 results/s without workers around,
+    where a simulated cluster on this machine's 2 cores reaches only its knee."""
+    model = at_rate_model(loop) if loop else None
     out = []
     for share in sorted({r["rl_share_target"] for r in rows}):
         for copy in ("none", "replica", "relay"):
@@ -506,10 +536,15 @@ def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             per_result = max(1e-9, best["out_MB_per_result"] - hosts * to_relay)
             loop_ms = best.get("scheduler_loop_ms_per_result", best["scheduler_ms_per_result"])
             beside_ms = max(0.0, best["scheduler_ms_per_result"] - loop_ms)
+            use_model = model is not None and share == 0 and copy == "relay"
             for link, mbps in LINKS.items():
                 limits = {"link": max(0.0, mbps - fixed) / per_result,
                           "redis": 1e3 / max(1e-9, best["redis_ms_per_result"]),
                           "scheduler": 1e3 / max(1e-9, loop_ms)}
+                if use_model:
+                    (la, lf), (ra, rf) = model["loop"], model["redis"]
+                    limits["scheduler"] = max(0.0, 1e3 - lf * model["hz"]) / la
+                    limits["redis"] = max(0.0, 1e3 - rf * model["hz"] - model["relay_ms_per_s"] * hosts) / ra
                 first = min(limits, key=limits.get)
                 r_max = limits[first]
                 out.append({"rl_share": share, "copy": copy, "hosts": hosts, "link": link,
@@ -517,7 +552,8 @@ def capacity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                             "fixed_MBps": fixed, "MB_per_result": per_result,
                             "out_MB_per_result_per_host_there": (fixed + r_max * per_result) / max(1e-9, r_max) / hosts,
                             "results_per_s": r_max, "bound_by": first, "limits": limits,
-                            "scheduler_other_cores": beside_ms * r_max / 1e3,
+                            "scheduler_other_cores": (model["eps_ms"] if use_model else beside_ms) * r_max / 1e3,
+                            "costs_from": "loop_cost" if use_model else "scale point",
                             "workers": {f"{t:g}s": int(r_max * t) for t in JOB_SECONDS}})
     return out
 
@@ -532,7 +568,8 @@ def render_capacity(cap: list[dict[str, Any]]) -> str:
         jobs = ", ".join(f"{n} with {t} jobs" for t, n in c["workers"].items())
         lines.append(f"  {mix:11s} {setup:24s} {c['link']:6s}: {c['results_per_s']:6.0f} results/s "
                      f"(bound by {c['bound_by']}; {c['out_MB_per_result_per_host_there']:.3f} MB/result/host; "
-                     f"+{c['scheduler_other_cores']:.1f} cores for ε) -> {jobs}")
+                     f"+{c['scheduler_other_cores']:.1f} cores for ε"
+                     f"{'; scheduler and Redis from loop_cost' if c.get('costs_from') == 'loop_cost' else ''}) -> {jobs}")
     return "\n".join(lines)
 
 
@@ -566,7 +603,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     return {
         "benchmark": "scale", "mode": "quick" if args.quick else "full", "rows": rows, "knee": find_knee(rows, cores),
-        "knee_rl_mix": find_knee(rows, cores, args.rl_share), "capacity": capacity(rows),
+        "knee_rl_mix": find_knee(rows, cores, args.rl_share), "capacity": capacity(rows, args.loop),
         "settings": {"episode_s": args.episode_s, "episode_len": args.episode_len, "per_host": args.per_host,
                      "train_s": args.train_s, "rl_share": args.rl_share, "critic_every_s": args.critic_every,
                      "critic_bytes": 2 * CRITIC_PARAMS * 4,
@@ -619,12 +656,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSON results path (default: bench/results/scale.json; --quick: a temporary folder)")
     ap.add_argument("--capacity-from", nargs="+", metavar="JSON",
                     help="measure nothing: print (and write into the first file) the capacity from saved rows")
+    ap.add_argument("--loop-cost", default=str(ROOT / "bench" / "results" / "loop_cost.json"), metavar="JSON",
+                    help="bench/loop_cost.py's rows: the scheduler's and Redis's costs of ES runs with relays at "
+                         "the rate ('' to take them from the scale points alone)")
     args = ap.parse_args(argv)
+    loop = json.loads(Path(args.loop_cost).read_text()) if args.loop_cost and Path(args.loop_cost).exists() else None
+    args.loop = loop
     if args.capacity_from:
         files = [Path(f) for f in args.capacity_from]
         saved = [json.loads(f.read_text()) for f in files]
         rows = [r for d in saved for r in d["rows"]]
-        saved[0]["capacity"] = capacity(rows)
+        saved[0]["capacity"] = capacity(rows, loop)
         print(render_capacity(saved[0]["capacity"]))
         files[0].write_text(json.dumps(saved[0], indent=2))
         print(f"wrote the capacity of {len(rows)} rows into {files[0]}")

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from aesrl_queue.redis_server import RedisServer
+
 ROOT = Path(__file__).resolve().parent.parent
 
 ROW_KEYS = {
@@ -63,20 +65,53 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
     assert "results/s" in proc.stdout and "knee at" in proc.stdout
 
 
-def test_loop_cost_measures_the_loop_alone(redis_url):
-    """bench/loop_cost.py: every fed result applied, the costs positive, and an ES-only run's workers
-    make two script calls per result (start and finish) and store no transitions."""
+def test_loop_cost_measures_the_loop_alone(redis_server, tmp_path):
+    """bench/loop_cost.py: every fed result applied, the costs positive, an ES-only run's workers
+    make two script calls per result (start and finish) and store no transitions, and a host's relay
+    (a process of its own) copies each version published, one per round."""
     sys.path.insert(0, str(ROOT))
     from bench.loop_cost import measure
 
-    client = redis.Redis.from_url(redis_url)
-    row = measure(redis_url, "aesrl", batch=6, results=18, workers=4, profile=False)
+    url = redis_server.url
+    client = redis.Redis.from_url(url)
+    with RedisServer(directory=tmp_path / "host") as local:
+        row = measure(url, "aesrl", batch=6, results=18, workers=4, profile=False, redis_pid=redis_server.proc.pid,
+                      relays=[local.url])
+        assert redis.Redis.from_url(local.url).exists(f"aesrl:loop-cost-aesrl-6:dist:{row['published']}")
     assert row["results"] >= 18 and row["dim"] == 129_193
     assert row["loop_ms_per_result"] > 0 and row["eps_ms_per_result"] > 0 and row["redis_ms_per_result"] > 0
+    assert row["redis_cpu_ms_per_result"] > 0 and row["redis_ms_per_beat"] > 0
+    assert row["relay_versions"][0] >= row["rounds"] - 1  # every round's version but perhaps the last
     assert row["redis_by_command"]["evalsha"][0] == pytest.approx(2.0)
     assert "xadd" in row["redis_by_command"]  # results and history entries; never an episode:
     assert client.xlen("aesrl:loop-cost-aesrl-6:replay") == 0
     assert client.hget("aesrl:loop-cost-aesrl-6:state", "steps") not in (None, b"0")
+
+
+def test_the_at_rate_model_fits_a_cost_per_result_and_per_commit():
+    """Two batch sizes fix a cost per result and one per commit; the limit is the rate that fills one
+    thread, the relays' polls per host charged to Redis whatever the rate."""
+    sys.path.insert(0, str(ROOT))
+    from bench.scale import at_rate_model, capacity
+
+    def row(batch, loop_ms, redis_ms):  # loop 0.3 ms per result + 2 ms per commit, Redis 0.4 + 1
+        return {"batch": batch, "relays": 4, "loop_ms_per_result": loop_ms, "eps_ms_per_result": 0.6,
+                "relay_idle_ms_per_s_per_host": 5.0,
+                "at_rate": {"results_per_s": batch * 10, "redis_ms": redis_ms + 5.0 * 4 / (batch * 10)}}
+
+    loop = {"rows": [row(10, 0.3 + 2 / 10, 0.4 + 1 / 10), row(100, 0.3 + 2 / 100, 0.4 + 1 / 100)], "rq": {},
+            "commit_hz": 10}
+    model = at_rate_model(loop)
+    assert model["loop"] == pytest.approx((0.3, 2.0)) and model["redis"] == pytest.approx((0.4, 1.0))
+    point = {"rl_share_target": 0.0, "copy": "relay", "hosts": 4, "workers": 128, "results_per_s": 100.0,
+             "efficiency": 0.99, "relay_MB_per_result_per_host": 0.0, "out_MB_per_result": 0.001,
+             "redis_ms_per_result": 5.0, "scheduler_ms_per_result": 5.0, "scheduler_loop_ms_per_result": 5.0}
+    one = next(c for c in capacity([point], loop) if c["link"] == "1 GbE")
+    assert one["limits"]["scheduler"] == pytest.approx((1000 - 20) / 0.3)
+    assert one["limits"]["redis"] == pytest.approx((1000 - 10 - 5.0 * 4) / 0.4)
+    assert one["bound_by"] == "redis" and one["costs_from"] == "loop_cost"
+    assert one["scheduler_other_cores"] == pytest.approx(0.6 * one["results_per_s"] / 1e3)
+    assert at_rate_model({"rows": [row(10, 1, 1)], "rq": {}}) is None  # one batch size fixes nothing
 
 
 def test_capacity_projects_the_relays_bytes_per_host_and_the_loop_thread():
