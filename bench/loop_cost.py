@@ -4,20 +4,22 @@ repeatably (bench/scale.py measures it inside a whole simulated cluster, where 2
 
 Each round, `--batch` in-flight ES jobs are started with the workers' start script and finished with
 their finish script (a 1000-step episode of HalfCheetah's shapes), then the loop reads and applies
-them as one batch: at 10 commits a second a batch of B is B·10 results/s. Measured per result:
-the loop thread's CPU (read + tell + commit), the ε thread's CPU (the rest of the process), and Redis's
-command time split by command (INFO commandstats; the start and finish scripts are the workers') and
-its command thread's CPU (commands and socket I/O, /proc/PID/schedstat). `--relays H` runs H real relays (workers/relay.py), each into
-a loopback Redis of its own, as H hosts would: they copy every version the loop publishes, and the
+them, `--per-read` results per XREAD (0: all at once; 1: the loop woken for every result, as a loop
+that waits between results is) and commits once. A round lasts 0.1 s, so at the scheduler's 10
+commits a second a batch of B stands for B·10 results/s. Measured per result: the loop thread's CPU
+(read + tell + commit), the ε thread's CPU, Redis's command time by command (INFO commandstats; the
+start and finish scripts are the workers') and its command thread's CPU (commands and socket I/O,
+/proc/PID/schedstat). `--relays H` runs H real relays (workers/relay.py) in processes of their own,
+each into a loopback Redis, as H hosts would: they copy every version the loop publishes, and the
 jobs read μ/var from them instead of the primary; what the relays cost the primary with no results
-(their polls and heartbeats) is measured first, per host and second. `--profile` prints the loop
-thread's top functions (cProfile). Last, RQ's own Redis cost per job: the enqueue and an AesrlWorker's
-dequeue and bookkeeping of no-op jobs.
+(their polls and heartbeats) is measured first, per host and second. Last, RQ's own Redis cost per
+job: the enqueue and an AesrlWorker's dequeue and bookkeeping of no-op jobs. `--profile` prints the
+loop thread's top functions (cProfile, by the thread's CPU time).
 
-At 10 commits a second, batch 100 is the 1,000 results/s the scaling targets name: the last line
-adds up what one primary's Redis and the scheduler spend per result there.
+Batch 100 is the 1,000 results/s the scaling targets name: the last lines add up what one primary's
+Redis and the scheduler spend per result there.
 
-Usage: python bench/loop_cost.py [--batch 10,100] [--results 600] [--relays 4] [--algo aesrl] [--profile] [--out PATH]
+Usage: python bench/loop_cost.py [--batch 10,100] [--per-read 0,1] [--results 1500] [--relays 4] [--algo aesrl] [--profile] [--out PATH]
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def commandstats(client) -> dict[str, tuple[int, int]]:
 
 
 def measure(url: str, algo: str, batch: int, results: int, workers: int, profile: bool, redis_pid: int,
-            relays: list[str]) -> dict:
+            relays: list[str], per_read: int = 0) -> dict:
     cfg = RunConfig.from_preset("AesrlSleep-v0", run_id=f"loop-cost-{algo}-{batch}", hidden=HIDDEN, algo=algo,
                                 r=1.0, rl_ratio=0.0, initial_steps=0, total_steps=10**12, mean_eval_episodes=1,
                                 env_kwargs={"episode_len": EP_LEN, "mean_s": 0.0}).resolve()
@@ -104,7 +106,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     keep = needs_critic_daemon(cfg)  # an ES-only run stores no transitions
     info = codec.pack({"worker": "w0", "host": "bench", "pid": 0, "t": time.time()})
     rng = np.random.default_rng(1)
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.thread_time) if profile else None  # CPU time: this thread's, not the waits
     loop_s = proc_s = redis_cpu_s = wall_s = beat_s = 0.0
     done = beats = 0
     redis_tot: dict[str, tuple[int, int]] = {}
@@ -137,8 +139,13 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
         if prof and warm:
             prof.enable()
         now[0] += 1.0
-        got = sched.dispatch.read(sched.last_id, 10, sched.rb)
-        sched.apply(got)
+        got = []
+        while len(got) < len(jobs):  # the round's results, `per_read` per XREAD (all at once when 0)
+            part = sched.dispatch.read(sched.last_id, 10, sched.rb, count=per_read or 200)
+            if not part:
+                break
+            sched.apply(part)
+            got += part
         if prof and warm:
             prof.disable()
         if warm:
@@ -170,7 +177,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
         proc.terminate()
         proc.wait()
     sched.dispatch.noise_ahead.close()
-    out = {"algo": algo, "batch": batch, "results": n, "dim": cfg.actor_dim,
+    out = {"algo": algo, "batch": batch, "per_read": per_read, "results": n, "dim": cfg.actor_dim,
            "loop_ms_per_result": 1e3 * loop_s / n, "eps_ms_per_result": eps_ms,
            "redis_ms_per_result": sum(v[1] for v in redis_by.values()),
            "redis_calls_per_result": sum(v[0] for v in redis_by.values()), "redis_by_command": redis_by,
@@ -181,6 +188,8 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     if prof:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats(os.environ.get("LOOP_COST_SORT", "tottime")).print_stats(25)
+        if os.environ.get("LOOP_COST_CALLERS"):
+            pstats.Stats(prof, stream=s).print_callers(os.environ["LOOP_COST_CALLERS"])
         out["profile"] = s.getvalue()
     client.close()
     return out
@@ -241,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=128)
     ap.add_argument("--algo", default="aesrl", choices=("aesrl", "es"))
     ap.add_argument("--relays", type=int, default=4, help="hosts' relays following the run (0: jobs read the primary)")
+    ap.add_argument("--per-read", default="0,1",
+                    help="results per XREAD, comma-separated: 0 reads a round's results at once, 1 wakes the loop for "
+                         "every result (a loop that waits between results at high rates)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "loop_cost.json"),
                     help="where the rows are written ('' for nowhere)")
@@ -250,17 +262,18 @@ def main(argv: list[str] | None = None) -> int:
         locals_ = [RedisServer(directory=Path(tmp) / f"host{h}").start() for h in range(args.relays)]
         try:
             rows = [measure(server.url, args.algo, int(b), args.results, args.workers, args.profile, server.proc.pid,
-                            [s.url for s in locals_]) for b in args.batch.split(",")]
+                            [s.url for s in locals_], int(k)) for k in args.per_read.split(",")
+                    for b in args.batch.split(",")]
             rq = rq_cost(server.url, server.proc.pid)
         finally:
             for s in [server, *locals_]:
                 s.stop()
     for r in rows:
         r["at_rate"] = at_rate(r, rq)
-    print(f"{'batch':>6} {'results':>8} {'loop ms':>8} {'ε ms':>6} {'redis ms':>9} {'redis cpu ms':>13} "
+    print(f"{'batch':>6} {'per read':>8} {'results':>8} {'loop ms':>8} {'ε ms':>6} {'redis ms':>9} {'redis cpu ms':>13} "
           f"{'redis calls':>12}")
     for r in rows:
-        print(f"{r['batch']:>6} {r['results']:>8} {r['loop_ms_per_result']:>8.3f} {r['eps_ms_per_result']:>6.3f} "
+        print(f"{r['batch']:>6} {r['per_read'] or r['batch']:>8} {r['results']:>8} {r['loop_ms_per_result']:>8.3f} {r['eps_ms_per_result']:>6.3f} "
               f"{r['redis_ms_per_result']:>9.3f} {r['redis_cpu_ms_per_result']:>13.3f} {r['redis_calls_per_result']:>12.1f}")
         top = sorted(r["redis_by_command"].items(), key=lambda kv: -kv[1][1])[:8]
         print("        redis: " + ", ".join(f"{k} {c:.1f}×/{ms:.3f} ms" for k, (c, ms) in top))
@@ -279,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
               "host and second with no results (polls, heartbeats)")
     for r in rows:
         a = r["at_rate"]
-        print(f"at {a['results_per_s']:.0f} results/s ({r['batch']} per commit, {r['relays']} relays): Redis "
+        print(f"at {a['results_per_s']:.0f} results/s ({r['batch']} per commit, {r['per_read'] or r['batch']} per read, "
+              f"{r['relays']} relays): Redis "
               f"{a['redis_ms']:.3f} ms CPU per result ({a['redis_cores']:.2f} cores), the scheduler's loop thread "
               f"{a['loop_ms']:.3f} ms ({a['loop_cores']:.2f} cores) and ε {a['eps_cores']:.2f} cores beside it")
     return 0

@@ -483,10 +483,14 @@ def find_knee(rows: list[dict[str, Any]], cores: int, rl_share: float = 0.0) -> 
 
 def at_rate_model(loop: dict[str, Any]) -> dict[str, Any] | None:
     """Per-second costs of the scheduler's loop thread and Redis's command thread at r results/s, from
-    bench/loop_cost.py's two batch sizes (B results per commit at COMMIT_HZ commits/s): each costs
+    bench/loop_cost.py's two batch sizes (B results per commit at COMMIT_HZ commits/s; the rows that
+    read one result per XREAD where there are some, the loop's dearest way to take them): each costs
     a + F/B per result, a per result and F per commit, so a·r + F·COMMIT_HZ ms per second; Redis also
     pays the relays' polls per host and second. None without two rows that ran with relays."""
-    rows = sorted((r for r in loop.get("rows", []) if r.get("relays")), key=lambda r: r["batch"])
+    rows = [r for r in loop.get("rows", []) if r.get("relays")]
+    if any(r.get("per_read") == 1 for r in rows):  # the loop woken for every result: its dearest case
+        rows = [r for r in rows if r.get("per_read") == 1]
+    rows = sorted(rows, key=lambda r: r["batch"])
     if len(rows) < 2 or loop.get("rq") is None:
         return None
     lo, hi = rows[0], rows[-1]

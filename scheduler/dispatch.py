@@ -218,10 +218,11 @@ class Dispatcher:
         return ids
 
     # -- results ---------------------------------------------------------------------------------
-    def read(self, after: str, block_ms: int, blocking_client: redis.Redis) -> list[tuple[str, Result | None, str]]:
-        """(entry id, decoded result or None, error) for entries after `after`."""
+    def read(self, after: str, block_ms: int, blocking_client: redis.Redis,
+             count: int = 200) -> list[tuple[str, Result | None, str]]:
+        """(entry id, decoded result or None, error) for up to `count` entries after `after`."""
         out = []
-        for entry_id, fields in self.store.read_stream("results", after, count=200, block_ms=block_ms,
+        for entry_id, fields in self.store.read_stream("results", after, count=count, block_ms=block_ms,
                                                          client=blocking_client):
             try:
                 res = decode_result(entry_id, fields)

@@ -112,6 +112,10 @@ def test_the_at_rate_model_fits_a_cost_per_result_and_per_commit():
     assert one["bound_by"] == "redis" and one["costs_from"] == "loop_cost"
     assert one["scheduler_other_cores"] == pytest.approx(0.6 * one["results_per_s"] / 1e3)
     assert at_rate_model({"rows": [row(10, 1, 1)], "rq": {}}) is None  # one batch size fixes nothing
+    woken = [row(10, 0.5 + 2 / 10, 0.4 + 1 / 10), row(100, 0.5 + 2 / 100, 0.4 + 1 / 100)]
+    for r in woken:  # a loop woken for every result: the dearest case is the one planned with
+        r["per_read"] = 1
+    assert at_rate_model(loop | {"rows": loop["rows"] + woken})["loop"] == pytest.approx((0.5, 2.0))
 
 
 def test_capacity_projects_the_relays_bytes_per_host_and_the_loop_thread():
