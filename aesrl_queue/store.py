@@ -136,9 +136,13 @@ return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
 """
 # Replay entries after ARGV[1] (up to ARGV[2]) with only the fields a replay mirror keeps (len, job,
 # obs: 68 of 168 KB of a HalfCheetah episode), for a host's relay. KEYS: replay.
+# The replay entries after ARGV[1] with the fields a mirror keeps, and first the id of the oldest entry
+# still held (what a copy trims to): an id, not the entry, whose 168 KB would cross the network.
 _READ_REPLAY_OBS = """
 local rows = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
-local out = {}
+if #rows == 0 then return {} end
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+local out = {first[1][1]}
 for i, row in ipairs(rows) do
   local f = row[2]
   local kept = {}
@@ -148,7 +152,7 @@ for i, row in ipairs(rows) do
       kept[#kept + 1] = f[j + 1]
     end
   end
-  out[i] = {row[1], kept}
+  out[i + 1] = {row[1], kept}
 end
 return out
 """
@@ -483,17 +487,16 @@ class Store:
         if after == "0-0":
             last = dest.xrevrange(key, count=1)
             after = _text(last[0][0]) if last else after
-        rows = self._read_replay_obs(keys=[key], args=[after, count])
-        if not rows:
+        got = self._read_replay_obs(keys=[key], args=[after, count])
+        if not got:
             return None
+        first, rows = got[0], got[1:]
         pipe = dest.pipeline(transaction=False)
         size = 0
         for entry_id, fields in rows:
             pipe.xadd(key, dict(zip(fields[::2], fields[1::2], strict=True)), id=entry_id)
             size += sum(len(f) for f in fields)
-        first = self.r.xrange(key, count=1)
-        if first:
-            pipe.xtrim(key, minid=first[0][0])
+        pipe.xtrim(key, minid=first, approximate=False)  # exactly what the primary holds
         pipe.execute()
         return _text(rows[-1][0]), size
 

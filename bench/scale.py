@@ -179,6 +179,14 @@ def relay_main(args: argparse.Namespace) -> None:
         time.sleep(0.1)
 
 
+def read_stats(path: Path) -> dict[str, int]:
+    """A stats file a relay or simulated host keeps (empty before its first write)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def relay_bytes(files: list[Path]) -> int:
     """Payload bytes the relays received from the primary so far (their stats files)."""
     total = 0
@@ -217,8 +225,19 @@ def host_main(args: argparse.Namespace) -> None:
         conn = redis.Redis.from_url(args.url, socket_connect_timeout=5, socket_keepalive=True)
         w = SimWorker(connection=conn, name=name)
         threading.Thread(target=w.work, kwargs={"logging_level": "WARNING"}, name=name, daemon=True).start()
-    while True:
-        time.sleep(3600)
+    from workers import replica
+
+    out = Path(args.stats) if args.stats else None
+    while True:  # the host's reads from its copy and from the primary (its workers' readers summed)
+        if out is not None:
+            total = {"replica": 0, "waited": 0, "primary": 0, "errors": 0}
+            for reader in list(replica._READERS.values()):
+                for k in total:
+                    total[k] += reader.stats[k]
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(total))
+            tmp.replace(out)
+        time.sleep(0.1 if out is not None else 3600)
 
 
 # == measurement ============================================================================================
@@ -287,7 +306,7 @@ class Point:
                    "--prefix", f"h{h}", "--episode-s", str(args.episode_s), "--episode-len", str(args.episode_len),
                    "--train-s", str(args.train_s)]
             if reps:
-                cmd += ["--read-url", reps[h].url]
+                cmd += ["--read-url", reps[h].url, "--stats", str(self.tmp / f"host{h}.json")]
             hosts.append(self.kids.start(f"host{h}", cmd))
         relay_stats = [self.tmp / f"relay{h}.json" for h in range(len(reps) if self.copy == "relay" else 0)]
         relays = [self.kids.start(f"relay{h}", [sys.executable, str(Path(__file__).resolve()), "_relay", "--url",
@@ -341,7 +360,8 @@ class Point:
                     "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(), "net": net_bytes(client),
                     "cmds": int(client.info("stats")["total_commands_processed"]),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
-                    "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats)}
+                    "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats),
+                    "fallbacks": sum(read_stats(self.tmp / f"host{h}.json").get("primary", 0) for h in range(len(reps)))}
 
         # The versions the scheduler publishes (commits that moved μ), seen by polling the state every 5 ms.
         seen = {"changes": 0}
@@ -397,6 +417,8 @@ class Point:
             # Replica reads that found their key / polls that did not yet (a job waiting for its version).
             "replica_hits_per_result": (b["rep_hits"] - a["rep_hits"]) / per,
             "replica_misses_per_result": (b["rep_misses"] - a["rep_misses"]) / per,
+            # Reads the workers meant for their host's copy that went to the primary (lag, errors, bypass).
+            "fallbacks_per_result": (b["fallbacks"] - a["fallbacks"]) / per,
             # What the primary sends per result for each host's copy of the run (replica) or, without
             # one, for all of the host's workers together.
             "out_MB_per_result_per_host": net["out"] / per / 1e6 / n_hosts,
@@ -431,7 +453,7 @@ COLUMNS = (
     ("net_out_MBps", "out MB/s", "{:.1f}"), ("net_in_MBps", "in MB/s", "{:.1f}"),
     ("out_MB_per_result", "out MB/res", "{:.2f}"), ("scheduler_ms_per_result", "sched ms/res", "{:.2f}"),
     ("scheduler_loop_ms_per_result", "loop ms/res", "{:.2f}"), ("redis_ms_per_result", "redis ms/res", "{:.2f}"),
-    ("job_s_median", "job s", "{:.2f}"),
+    ("fallbacks_per_result", "fallbacks/res", "{:.2f}"), ("job_s_median", "job s", "{:.2f}"),
 )
 
 
@@ -638,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         hp.add_argument("--episode-s", type=float, required=True)
         hp.add_argument("--episode-len", type=int, required=True)
         hp.add_argument("--train-s", type=float, required=True)
+        hp.add_argument("--stats", default="")
         host_main(hp.parse_args(argv[1:]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -72,6 +72,11 @@ def test_relay_copies_versions_critic_and_the_replay_of_rl_runs_only(client, loc
     entry = local.xrange(rl.key("replay"))[-1][1]
     assert set(entry) == {b"len", b"job", b"obs"}
     assert rl.decode_episode("x", entry, obs_only=True)["obs"].shape == (4, rl_cfg.obs_dim)
+    # What the primary dropped is dropped on the host with the next copy.
+    client.xtrim(rl.key("replay"), minid=ids[1], approximate=False)
+    ids.append(rl.append_episode(_episode(rl_cfg, 4), "j5"))
+    relay.step()
+    assert [i.decode() for i, _f in local.xrange(rl.key("replay"))] == ids[1:]
     assert relay.stats["versions"] == 3 and relay.stats["critics"] == 1
     # A finished run is no longer followed.
     es.set_state(status="finished")

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
@@ -178,6 +179,39 @@ def test_a_dead_replica_falls_back_and_is_bypassed(pair, clients, monkeypatch):
                           "rew": np.zeros(4, np.float32), "next_obs": np.zeros((4, cfg.obs_dim), np.float32),
                           "done": np.zeros(4, np.float32)}, "e0")
     assert ctx.sync_mirror() == 4 and ctx.reader.stats["errors"] == replica.BYPASS_AFTER
+
+
+def test_a_copy_behind_is_skipped_briefly_and_longer_while_it_stays_behind(clients, monkeypatch):
+    """Lag (the copy answers without the key) skips it for LAG_BYPASS_S, doubling while misses go on,
+    back to LAG_BYPASS_S after a hit; a copy that fails to answer is skipped for BYPASS_S."""
+    p, _r = clients
+    monkeypatch.setattr(replica, "LAG_BYPASS_S", 0.2)
+    copy = redis.Redis(host="127.0.0.1", port=p.connection_pool.connection_kwargs["port"], db=15)  # a keyspace apart
+    reader = replica.ReplicaReader(p, copy, wait_s=0.01)
+    p.set("lag-key", b"v")
+
+    def get(c):
+        return c.get("lag-key")
+
+    def left() -> float:
+        return reader._bypass_until - time.monotonic()
+
+    for _ in range(replica.BYPASS_AFTER):
+        assert reader.wait_for(get, "lag-key") == b"v"  # from the primary
+    assert not reader.usable() and 0 < left() <= 0.2
+    time.sleep(0.25)
+    assert reader.usable() and reader.wait_for(get, "lag-key") == b"v"  # one more miss: skipped again,
+    assert 0.2 < left() <= 0.4  # twice as long
+    reader.replica.set("lag-key", b"v")  # the copy caught up: the next read after the skip is a hit
+    time.sleep(0.45)
+    hits = reader.stats["replica"]
+    assert reader.wait_for(get, "lag-key") == b"v" and reader.stats["replica"] == hits + 1
+    assert reader._lag_bypass_s == 0.2
+    reader.replica.delete("lag-key")
+    dead = replica.ReplicaReader(p, redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2), wait_s=0.01)
+    for _ in range(replica.BYPASS_AFTER):
+        assert dead.wait_for(get, "lag-key") == b"v"
+    assert dead._bypass_until - time.monotonic() > replica.BYPASS_S - 1
 
 
 def test_a_replica_skipped_for_lagging_still_serves_the_replay(pair, clients, monkeypatch):

@@ -26,10 +26,14 @@ WAIT_ENV = "AESRL_READ_WAIT"
 # How long a job waits for its distribution version to reach the replica before it reads the
 # primary. Replicating 1 MB (a 129k-parameter μ and var) over 1 GbE takes ~10 ms.
 DEFAULT_WAIT_S = 0.25
-# After this many fallbacks in a row the replica is presumed stuck (link down, resyncing) and
-# skipped for BYPASS_S seconds, so that jobs do not pay the wait every time.
+# After this many fallbacks in a row the copy is skipped for a while, so that jobs do not pay the wait
+# every time: BYPASS_S seconds when it failed to answer (down, resyncing), and LAG_BYPASS_S when it
+# answered but lacked what was asked (behind: a busy relay), doubling while it stays behind, up to
+# BYPASS_S. Every read skipped costs the primary the bytes (1 MB for a HalfCheetah μ/var, 2 MB for a
+# critic), so a copy that is only behind is tried again soon.
 BYPASS_AFTER = 3
 BYPASS_S = 30.0
+LAG_BYPASS_S = 1.0
 
 T = TypeVar("T")
 # A replica that is down, loading, or refusing (MASTERDOWN with replica-serve-stale-data no).
@@ -58,6 +62,7 @@ class ReplicaReader:
         self._misses = 0  # fallbacks in a row
         self._errors = 0  # of them, the ones where the replica failed to answer (not merely lagged)
         self._bypass_until = 0.0
+        self._lag_bypass_s = LAG_BYPASS_S  # the next skip for lagging; back to LAG_BYPASS_S after a hit
         # Counters, for logs, tests and the scale benchmark.
         self.stats = {"replica": 0, "waited": 0, "primary": 0, "errors": 0}
 
@@ -73,6 +78,7 @@ class ReplicaReader:
         with self._lock:
             self.stats["replica"] += 1
             self._misses = self._errors = 0
+            self._lag_bypass_s = LAG_BYPASS_S
 
     def _miss(self, why: str, error: bool = False) -> None:
         with self._lock:
@@ -80,10 +86,17 @@ class ReplicaReader:
             self._misses += 1
             self._errors += int(error)
             if self._misses >= BYPASS_AFTER and self.usable():
-                self._bypass_until = time.monotonic() + BYPASS_S
-                log.warning("replica %s: %d reads in a row fell back to the primary (%s); reading the primary "
-                            "for %.0fs — check `INFO replication` on the replica (master_link_status)",
-                            redact(self.url), self._misses, why, BYPASS_S)
+                if self._errors:
+                    skip = BYPASS_S
+                    hint = " — check `INFO replication` on the replica (master_link_status)"
+                else:
+                    skip, self._lag_bypass_s = self._lag_bypass_s, min(BYPASS_S, 2 * self._lag_bypass_s)
+                    hint = " (behind, not down)"
+                self._bypass_until = time.monotonic() + skip  # then one more miss skips it again
+                # A copy briefly behind is routine on a busy host; one down or behind for long is not.
+                log.log(logging.WARNING if skip >= BYPASS_S else logging.INFO,
+                        "replica %s: %d reads in a row fell back to the primary (%s); reading the primary "
+                        "for %gs%s", redact(self.url), self._misses, why, skip, hint)
 
     def check(self) -> dict[str, Any]:
         """INFO replication of the replica; ReplicaError when unreachable or not a replica."""
