@@ -187,13 +187,10 @@ def read_stats(path: Path) -> dict[str, int]:
         return {}
 
 
-def relay_bytes(files: list[Path]) -> int:
-    """Payload bytes the relays received from the primary so far (their stats files)."""
-    total = 0
-    for f in files:
-        with contextlib.suppress(OSError, ValueError):
-            total += int(json.loads(f.read_text())["bytes"])
-    return total
+def relay_bytes(files: list[Path], what: str = "bytes") -> int:
+    """Payload bytes the relays received from the primary so far (their stats files); what="replay_bytes"
+    for the replay's part."""
+    return sum(int(read_stats(f).get(what, 0)) for f in files)
 
 
 def host_main(args: argparse.Namespace) -> None:
@@ -356,7 +353,7 @@ class Point:
             return {"t": time.monotonic(), "applied": st["results_applied"], "version": st["version"],
                     "sched": proc_cpu_s(sched.pid), "sched_loop": thread_cpu_s(sched.pid, sched.pid), "redis": proc_cpu_s(primary.proc.pid),
                     "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps) + sum(proc_cpu_s(p.pid) for p in relays),
-                    "relay_in": relay_bytes(relay_stats),
+                    "relay_in": relay_bytes(relay_stats), "relay_replay_in": relay_bytes(relay_stats, "replay_bytes"),
                     "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(), "net": net_bytes(client),
                     "cmds": int(client.info("stats")["total_commands_processed"]),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
@@ -424,6 +421,8 @@ class Point:
             "out_MB_per_result_per_host": net["out"] / per / 1e6 / n_hosts,
             # Of that, what the relays received (one copy per host: versions, critic, replay observations).
             "relay_MB_per_result_per_host": (b["relay_in"] - a["relay_in"]) / per / 1e6 / n_hosts,
+            # Of that, the replay's observations (one copy per host of each episode: per result, not per version).
+            "relay_replay_MB_per_result_per_host": (b["relay_replay_in"] - a["relay_replay_in"]) / per / 1e6 / n_hosts,
             "loadavg": list(os.getloadavg()),
         }
 
@@ -539,9 +538,9 @@ def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> 
     when none did), times the job seconds.
 
     The link: the primary's egress is H·F + R·b, with H the point's hosts, F the bytes a host's relay
-    receives per second (the versions, the critic and the replay's observations, measured at that
-    point: they follow the versions published, not the results) and b the rest per result; without a
-    relay everything is per result. The scheduler: its loop thread is single-threaded; the ε of ES jobs
+    receives per second (the versions and the critic, measured at that point: they follow the
+    versions published, not the results) and b the rest per result, the replay's observations to
+    every relay included; without a relay everything is per result. The scheduler: its loop thread is single-threaded; the ε of ES jobs
     runs on threads beside it, and the cores those need at the allowed rate are reported with it.
 
     With `loop` (bench/loop_cost.py's JSON), an ES run with relays takes the scheduler's and Redis's
@@ -557,7 +556,10 @@ def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> 
             kept = [r for r in pts if r["efficiency"] >= KNEE_EFFICIENCY]
             best = max(kept or pts, key=lambda r: r["results_per_s"])
             hosts, rate = best["hosts"], best["results_per_s"]
-            to_relay = best.get("relay_MB_per_result_per_host", 0.0) if copy == "relay" else 0.0
+            # The replay's observations go to every relay per result; the rest follows the versions
+            # (rows from before the relays counted them apart have every relay byte as fixed).
+            to_relay = (best.get("relay_MB_per_result_per_host", 0.0)
+                        - best.get("relay_replay_MB_per_result_per_host", 0.0)) if copy == "relay" else 0.0
             fixed = hosts * to_relay * rate  # MB/s, whatever the rate
             per_result = max(1e-9, best["out_MB_per_result"] - hosts * to_relay)
             loop_ms = best.get("scheduler_loop_ms_per_result", best["scheduler_ms_per_result"])

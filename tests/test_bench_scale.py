@@ -137,3 +137,7 @@ def test_capacity_projects_the_relays_bytes_per_host_and_the_loop_thread():
     assert one["bound_by"] == "scheduler" and one["workers"] == {"1s": 1000, "5s": 5000}
     assert one["scheduler_other_cores"] == pytest.approx(1.0)
     assert one["out_MB_per_result_per_host_there"] == pytest.approx((40.0 + 1000 * 0.05) / 1000 / 4)
+    # The replay's observations reach every relay per result: they are no part of the fixed bytes.
+    rl = row(128, 100.0, 0.99, 0.45, 1.0) | {"relay_replay_MB_per_result_per_host": 0.04}
+    one = next(c for c in capacity([rl]) if c["link"] == "1 GbE")
+    assert one["fixed_MBps"] == pytest.approx(4 * 0.06 * 100.0) and one["MB_per_result"] == pytest.approx(0.45 - 0.24)

@@ -64,8 +64,9 @@ class Relay:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.runs: dict[str, _Run] = {}
         self._runs_at = -RUNS_EVERY_S
-        # bytes: the payload received from the primary (μ/var, critic weights, replay observations)
-        self.stats = {"versions": 0, "bytes": 0, "critics": 0, "replay_reads": 0, "errors": 0}
+        # bytes: the payload received from the primary (μ/var, critic weights, replay observations);
+        # replay_bytes: of it, the replay's (they follow the results, the rest the versions)
+        self.stats = {"versions": 0, "bytes": 0, "critics": 0, "replay_reads": 0, "replay_bytes": 0, "errors": 0}
 
     def run(self) -> None:
         beat_at = -BEAT_S
@@ -162,3 +163,4 @@ class Relay:
             r.replay_last = got[0]
             self.stats["replay_reads"] += 1
             self.stats["bytes"] += got[1]
+            self.stats["replay_bytes"] += got[1]
