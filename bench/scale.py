@@ -45,6 +45,7 @@ from aesrl_queue import codec  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
 from aesrl_queue.store import Store, live_workers  # noqa: E402
 from bench.overhead import Children, proc_cpu_s  # noqa: E402
+from scheduler.loop import PUBLISH_HZ  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale.json"
 # obs 3 (AesrlSleep-v0), act 1: 3·423+423 + 423·300+300 + 300+1 = 129,193 parameters, the size of
@@ -538,8 +539,9 @@ def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> 
     when none did), times the job seconds.
 
     The link: the primary's egress is H·F + R·b, with H the point's hosts, F the bytes a host's relay
-    receives per second (the versions and the critic, measured at that point: they follow the
-    versions published, not the results) and b the rest per result, the replay's observations to
+    receives per second (the versions and the critic, measured at that point and scaled to
+    PUBLISH_HZ versions a second: they follow the versions published, not the results) and b the
+    rest per result, the replay's observations to
     every relay included; without a relay everything is per result. The scheduler: its loop thread is single-threaded; the ε of ES jobs
     runs on threads beside it, and the cores those need at the allowed rate are reported with it.
 
@@ -560,7 +562,10 @@ def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> 
             # (rows from before the relays counted them apart have every relay byte as fixed).
             to_relay = (best.get("relay_MB_per_result_per_host", 0.0)
                         - best.get("relay_replay_MB_per_result_per_host", 0.0)) if copy == "relay" else 0.0
-            fixed = hosts * to_relay * rate  # MB/s, whatever the rate
+            # MB/s whatever the rate, at the scheduler's full PUBLISH_HZ versions a second: a point whose
+            # scheduler published fewer (a starved machine) would understate it.
+            per_version = to_relay * rate / best["published_per_s"] if best.get("published_per_s") else 0.0
+            fixed = hosts * max(to_relay * rate, per_version * PUBLISH_HZ)
             per_result = max(1e-9, best["out_MB_per_result"] - hosts * to_relay)
             loop_ms = best.get("scheduler_loop_ms_per_result", best["scheduler_ms_per_result"])
             beside_ms = max(0.0, best["scheduler_ms_per_result"] - loop_ms)

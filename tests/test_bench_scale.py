@@ -141,3 +141,6 @@ def test_capacity_projects_the_relays_bytes_per_host_and_the_loop_thread():
     rl = row(128, 100.0, 0.99, 0.45, 1.0) | {"relay_replay_MB_per_result_per_host": 0.04}
     one = next(c for c in capacity([rl]) if c["link"] == "1 GbE")
     assert one["fixed_MBps"] == pytest.approx(4 * 0.06 * 100.0) and one["MB_per_result"] == pytest.approx(0.45 - 0.24)
+    # A starved scheduler that published 5 versions a second instead of 10 would halve the relays' bytes.
+    one = next(c for c in capacity([rl | {"published_per_s": 5.0}]) if c["link"] == "1 GbE")
+    assert one["fixed_MBps"] == pytest.approx(2 * 4 * 0.06 * 100.0)
