@@ -189,7 +189,7 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
     try:
         run.start()
         cfg = run.cfg
-        echo(f"run {cfg.run_id}: {cfg.algo} on {cfg.env_id}, {run.n_workers} workers, budget {cfg.total_steps:,} "
+        echo(f"run {cfg.run_id}: {cfg.algo} on {cfg.env_id}, {run.n_workers} worker{'s' if run.n_workers != 1 else ''}, budget {cfg.total_steps:,} "
              f"steps; logs in {run.run_dir / 'logs'}" + (f"; TensorBoard in {run.tb_dir}" if run.tb_dir else ""),
              err=True)
         view = ProgressView()

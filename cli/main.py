@@ -405,7 +405,7 @@ def worker(redis_url, processes, burst, read_url, relay) -> None:
     # Each worker gets SIGTERM (RQ's warm shutdown: the job in hand finishes) if this process dies,
     # even by kill -9: no orphaned workers keep taking jobs.
     procs = [spawn(worker_command(url, burst), env=env, death_signal=signal.SIGTERM) for _ in range(processes)]
-    click.echo(f"started {processes} workers on {redact(url)}", err=True)
+    click.echo(f"started {processes} worker{'s' if processes != 1 else ''} on {redact(url)}", err=True)
 
     def stop(signum, frame):
         for p in procs:
