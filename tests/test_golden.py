@@ -1,9 +1,12 @@
 """Default behaviour is pinned: every algorithm's optimizer, the TD3 agent and the worker's job function
-give, bit for bit, what tests/data/golden.json recorded (tests/golden.py says how it is made)."""
+give what tests/data/golden.json recorded (tests/golden.py says how it is made): bit for bit, except
+what torch computes, which is compared to within float32 rounding (MKL rounds differently on Intel and
+AMD processors)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -11,6 +14,23 @@ import pytest
 from tests import golden
 
 RECORDED = json.loads(golden.DATA.read_text())
+# Float32 rounding carried through a dozen training steps moves these numbers by ~1.3e-7 of their value
+# (measured with torch's kernels for other processors: ATEN_CPU_CAPABILITY, MKL_CBWR). Changes of
+# behaviour move them by more: policy_noise +1 % the TD3 loss by 3e-5, gamma +0.01 % by 1.5e-6; tau
+# +1 % (3e-7) is within what rounding across processors can do, so this cannot see it.
+RTOL, ATOL = 1e-6, 1e-7
+
+
+def close(got, want) -> bool:
+    """Equal, with floats and fingerprints (lists of floats) to within RTOL/ATOL."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and set(got) == set(want) and all(close(got[k], w) for k, w in want.items())
+    if isinstance(want, list):
+        return (isinstance(got, list) and len(got) == len(want)
+                and all(close(g, w) for g, w in zip(got, want, strict=True)))
+    if isinstance(want, float) and isinstance(got, float):
+        return math.isclose(got, want, rel_tol=RTOL, abs_tol=ATOL)
+    return got == want
 
 
 @pytest.mark.parametrize("algo", golden.QUEUE_ALGOS)
@@ -28,14 +48,19 @@ def test_aesrl_trace_with_a_survival_bonus_matches_the_recorded_one() -> None:
 
 
 def test_td3_trace_matches_the_recorded_one() -> None:
-    assert golden.td3_trace() == RECORDED["td3"]
+    got = golden.td3_trace()
+    assert close(got, RECORDED["td3"]), f"{got} != {RECORDED['td3']}"
+    assert not close(got[1:], RECORDED["td3"][:-1])  # the trace moves: a stuck agent would not match it
 
 
 def test_worker_jobs_match_the_recorded_ones(client) -> None:
     got = golden.worker_traces(client)
     assert set(got) == set(RECORDED["worker"])
     for name, want in RECORDED["worker"].items():
-        assert got[name] == want, f"worker job {name}: {got[name]} != {want}"
+        if name == "rl":  # trained by torch
+            assert close(got[name], want), f"worker job {name}: {got[name]} != {want}"
+        else:
+            assert got[name] == want, f"worker job {name}: {got[name]} != {want}"
 
 
 def test_a_run_without_a_critic_stores_no_transitions_and_computes_the_same(client) -> None:
