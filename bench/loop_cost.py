@@ -49,17 +49,17 @@ from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.optimizers import needs_critic_daemon  # noqa: E402
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
 from aesrl_queue.store import Store, worker_beat  # noqa: E402
-from scheduler.loop import Scheduler  # noqa: E402
+from scheduler.loop import PUBLISH_HZ, Scheduler  # noqa: E402
 from workers.worker import HEARTBEAT_EVERY, RQ_HEARTBEAT_EVERY  # noqa: E402
 
 
-def proc_cpu_s(pid: int) -> float:
+def main_thread_cpu_s(pid: int) -> float:
     """CPU seconds of a process's main thread, to the nanosecond (/proc/PID/schedstat): for Redis, its
     command thread, which also does the socket I/O."""
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
-COMMIT_HZ = 10  # the scheduler's default publish_hz: one commit per round stands for 1/10 s
+COMMIT_HZ = PUBLISH_HZ  # the scheduler's commits a second: one commit per round stands for 1/COMMIT_HZ s
 IDLE_S = 3.0  # seconds the relays' fixed cost is measured over, before any result
 
 HIDDEN = (423, 300)  # 129,193 parameters with obs 3 / act 1: HalfCheetah's 400-300 actor (bench/scale.py)
@@ -99,9 +99,9 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     hosts = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale.py"), "_relay", "--url", url, "--local", local,
                                "--stats", str(f)]) for local, f in zip(relays, stats, strict=True)]
     time.sleep(2.0)  # they start, find the run (RUNS_EVERY_S) and copy its first version
-    c0 = proc_cpu_s(redis_pid)
+    c0 = main_thread_cpu_s(redis_pid)
     time.sleep(IDLE_S)
-    idle_ms_per_s = 1e3 * (proc_cpu_s(redis_pid) - c0) / IDLE_S  # the relays' polls and beats, no results
+    idle_ms_per_s = 1e3 * (main_thread_cpu_s(redis_pid) - c0) / IDLE_S  # the relays' polls and beats, no results
     ep = _episode()
     keep = needs_critic_daemon(cfg)  # an ES-only run stores no transitions
     info = codec.pack({"worker": "w0", "host": "bench", "pid": 0, "t": time.time()})
@@ -115,15 +115,15 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     while done < results + batch * 2:
         rounds += 1
         round_at = time.monotonic()  # a round takes 1/COMMIT_HZ s, so relays see versions at the real rate
-        beat0 = proc_cpu_s(redis_pid)
+        beat0 = main_thread_cpu_s(redis_pid)
         for i in range(workers):  # heartbeats expire: keep them fresh, or the loop shrinks what it keeps in flight
             worker_beat(client, f"w{i}", {"host": "bench", "pid": 0})
-        beat_s += proc_cpu_s(redis_pid) - beat0
+        beat_s += main_thread_cpu_s(redis_pid) - beat0
         beats += workers
         jobs = [j for j, i in sched.dispatch.inflight.items() if i["kind"] == "es"][:batch]
         warm = done >= batch * 2  # two rounds of warm-up
         start = commandstats(client) if warm else None  # the workers' start and finish scripts included
-        cpu0, wall0 = proc_cpu_s(redis_pid), time.monotonic()
+        cpu0, wall0 = main_thread_cpu_s(redis_pid), time.monotonic()
         for job in jobs:
             got = store.start_job(job, info)
             if not relays:
@@ -157,7 +157,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
                     redis_tot[k] = (c1 + calls - c0, u1 + usec - u0)
             loop_s += time.thread_time() - t_thread
             proc_s += time.process_time() - t_proc
-            redis_cpu_s += proc_cpu_s(redis_pid) - cpu0
+            redis_cpu_s += main_thread_cpu_s(redis_pid) - cpu0
             wall_s += time.monotonic() - wall0
             n += len(got)
         done += len(got)
@@ -211,11 +211,11 @@ def rq_cost(url: str, redis_pid: int, jobs: int = 1000) -> dict:
     datas = [Queue.prepare_data("workers.jobs.noop", kwargs={"job": f"j{i}"}, timeout=cfg.job_timeout,
                                 result_ttl=cfg.result_ttl, failure_ttl=cfg.failure_ttl, ttl=cfg.job_timeout * 4,
                                 job_id=f"loop-cost-rq-{i}") for i in range(jobs)]
-    a, cpu_a = commandstats(client), proc_cpu_s(redis_pid)
+    a, cpu_a = commandstats(client), main_thread_cpu_s(redis_pid)
     queue.enqueue_many(datas)
-    b, cpu_b = commandstats(client), proc_cpu_s(redis_pid)
+    b, cpu_b = commandstats(client), main_thread_cpu_s(redis_pid)
     AesrlWorker([queue], connection=client).work(burst=True, logging_level="WARNING")
-    c, cpu_c = commandstats(client), proc_cpu_s(redis_pid)
+    c, cpu_c = commandstats(client), main_thread_cpu_s(redis_pid)
 
     def per_job(x, y):
         keys = [k for k in y if k != "info"]
