@@ -15,14 +15,20 @@ settings (actor and critic 400-300, 10,000 random steps, seed 1): `aesrl` (today
 it SIGTERMs both (each launcher writes its run folder) and prints f(μ) against wall clock for both,
 with the stored steps, the paper's Table 1 rate beside them (AES-RL, 9 workers: 1M HalfCheetah-v2
 steps in 54 min on 24 cores and 6 GPUs; serial CEM-RL 467 min) and what the aesrl run's logs say of
-its critic (steps/s) and its RL and ES jobs (mean seconds). `report DIR` prints the same tables again
-from the run folders.
+its critic (steps/s) and its RL and ES jobs (mean seconds). Every --snapshot-every seconds (default a
+minute) the race writes each run's μ (td3: the actor it evaluated last, at most td3_eval_every steps
+old) to <run>/snapshots/at-<s>s.npz from the run's own Redis; when both are stopped it scores those and
+the final μ (policy.npz) deterministically on the learning protocol's 10 fixed start states (seeds
+10 000-10 009), the score the training-time f(μ) estimates are not. `report DIR [DIR ...]` prints the
+tables again from the run folders, and with several folders (`race --algos aesrl`, then `--algos td3`
+on the same machine) puts the runs side by side at equal minutes.
 
 Usage:
     python bench/gpu.py micro [--env HalfCheetah-v5] [--seconds 5] [--hidden 400,300] [--rl-steps N]
     python bench/gpu.py race --out DIR [--minutes 8] [--workers 14] [--env HalfCheetah-v5]
-                             [--hidden 400,300] [--random-steps 10000]
-    python bench/gpu.py report DIR
+                             [--hidden 400,300] [--random-steps 10000] [--algos aesrl,td3]
+                             [--snapshot-every 60]
+    python bench/gpu.py report DIR [DIR ...]
 On a machine without CUDA both run on the CPU (the test suite runs them so, at toy sizes).
 Results (numbers, the command and the device) are written to DIR/gpu.json by race, and printed.
 """
@@ -33,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -220,10 +227,54 @@ def race_commands(env_id: str, workers: int, out: Path, hidden: str = PAPER_HIDD
     return cmds
 
 
+def redis_url_of(log: Path) -> str | None:
+    """The embedded Redis a run's launcher announced in its log (`aesrl-queue run` prints it first)."""
+    m = re.search(r"embedded Redis on (\S+)", log.read_text(errors="replace")) if log.exists() else None
+    return m.group(1) if m else None
+
+
+def take_snapshots(out: Path, procs: dict, at_s: int) -> None:
+    """Each running run's μ now, as `write_policy` writes policy.npz, to snapshots/at-<at_s>s.npz."""
+    from aesrl_queue.connection import connect
+    from aesrl_queue.local import write_policy
+    from aesrl_queue.store import Store
+
+    for algo, proc in procs.items():
+        url = redis_url_of(out / f"{algo}.log")
+        if proc.poll() is not None or url is None:
+            continue
+        try:
+            client = connect(url, retries=1)
+            try:
+                write_policy(out / f"{algo}-gpu", Store(client, f"{algo}-gpu"), f"snapshots/at-{at_s}s.npz")
+            finally:
+                client.close()
+        except Exception as exc:  # noqa: BLE001 - a missed snapshot is a gap in the table, not a failed race
+            print(f"warning: {algo}: no snapshot at {at_s} s: {type(exc).__name__}: {exc}", flush=True)
+
+
+def score_snapshots(folder: Path, stopped_s: float) -> list[dict]:
+    """The μ of each snapshot and the final one, scored on the protocol's fixed start states, with the
+    counters each was taken at: [{"at_s", "mean", "returns", "steps", "needed_interactions"}]."""
+    from bench.learning import PROTOCOL, score_snapshot
+
+    snaps = sorted(((int(p.stem[3:-1]), p) for p in (folder / "snapshots").glob("at-*s.npz")), key=lambda x: x[0])
+    if (folder / "policy.npz").exists():
+        snaps.append((round(stopped_s), folder / "policy.npz"))
+    scored = []
+    for at_s, path in snaps:
+        with np.load(path) as npz:
+            counters = {"steps": int(npz["steps"]), "needed_interactions": int(npz["needed_interactions"])}
+        scored.append({"at_s": at_s, "final": path.name == "policy.npz", **counters,
+                       **score_snapshot(path, PROTOCOL["eval_seeds"])})
+    return scored
+
+
 def race(env_id: str, minutes: float, workers: int, out: Path, hidden: str = PAPER_HIDDEN,
-         random_steps: int = PAPER_RANDOM_STEPS, algos: tuple[str, ...] = RACE_ALGOS) -> dict:
-    """Start the algorithms' runs at once, stop them after `minutes`, and table f(μ) against wall clock.
-    One algorithm alone (`algos=("td3",)`) shows what sharing the machine costs it."""
+         random_steps: int = PAPER_RANDOM_STEPS, algos: tuple[str, ...] = RACE_ALGOS,
+         snapshot_every: float = 60.0) -> dict:
+    """Start the algorithms' runs at once, stop them after `minutes`, and table f(μ) and the scored μ
+    against wall clock. One algorithm alone (`algos=("td3",)`) shows what sharing the machine costs it."""
     out.mkdir(parents=True, exist_ok=True)
     cmds = race_commands(env_id, workers, out, hidden, random_steps, algos)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -236,11 +287,17 @@ def race(env_id: str, minutes: float, workers: int, out: Path, hidden: str = PAP
         procs[algo] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
     t0 = time.monotonic()
-    load = []
+    load, next_snap, next_load = [], snapshot_every, 5.0
     # both run for the whole time, or neither: one that ends early has failed (its log says why)
-    while time.monotonic() - t0 < minutes * 60 and all(p.poll() is None for p in procs.values()):
-        time.sleep(5)
-        load.append(os.getloadavg()[0])
+    while (now := time.monotonic() - t0) < minutes * 60 and all(p.poll() is None for p in procs.values()):
+        if now >= next_snap:
+            take_snapshots(out, procs, round(next_snap))
+            next_snap += snapshot_every
+        if now >= next_load:
+            load.append(os.getloadavg()[0])
+            next_load += 5.0
+        time.sleep(0.2)
+    stopped_s = time.monotonic() - t0
     for p in procs.values():  # SIGTERM: each launcher stops its processes and writes its run folder
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -258,6 +315,9 @@ def race(env_id: str, minutes: float, workers: int, out: Path, hidden: str = PAP
               "exit": {k: p.returncode for k, p in procs.items()}, "loadavg_mean": float(np.mean(load)) if load else None,
               "cores": os.cpu_count()}
     result.update(read_race(out, minutes, algos))
+    result["snapshot_every_s"] = snapshot_every
+    result["scores"] = {algo: score_snapshots(out / f"{algo}-gpu", stopped_s) for algo in algos}
+    result["versions"] = race_versions()
     (out / "gpu.json").write_text(json.dumps(result, indent=1))
     print(race_tables(result))
     return result
@@ -291,6 +351,19 @@ def read_race(out: Path, minutes: float, algos: tuple[str, ...] = RACE_ALGOS) ->
     return res
 
 
+def race_versions() -> dict:
+    """What ran: the packages the protocol records, the torch device and the commit (when a git tree)."""
+    import torch
+
+    from bench.learning import package_versions
+
+    out = {**package_versions(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode == 0:
+        out["commit"] = proc.stdout.strip()
+    return out
+
+
 def at(evals: list, t: float) -> tuple[float, float]:
     """(f(μ), stored steps) of the last evaluation at or before elapsed second t; f(μ) is the mean of the
     evaluations in the minute up to t, when there are any."""
@@ -301,35 +374,94 @@ def at(evals: list, t: float) -> tuple[float, float]:
     return (float(np.mean(window)) if window else before[-1][2]), before[-1][1]
 
 
+def scored_at(scores: list[dict], t: float) -> dict | None:
+    """The snapshot taken at second t (within a second), or None."""
+    return next((x for x in scores if not x.get("final") and abs(x["at_s"] - t) <= 1), None)
+
+
+def cell(x: float, fmt: str = ",.0f") -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "–"
+
+
 def race_tables(res: dict) -> str:
-    runs = res["runs"]
+    runs, scores = res["runs"], res.get("scores", {})
     algos = tuple(res.get("algos", RACE_ALGOS))
-    who = " beside ".join(f"aesrl with {res['workers']} workers" if a == "aesrl" else a for a in algos)
+    named = {a: f"aesrl with {res['workers']} worker{'s' * (res['workers'] != 1)}" if a == "aesrl" else a
+             for a in algos}
+    if res.get("separate"):  # one race per algorithm, one after the other: each its own minutes and load
+        who = ", then ".join(f"{named[a]} for {res['minutes_of'][a]:g} min (mean load "
+                             f"{res['load_of'][a] or math.nan:.1f})" for a in algos)
+        who += f", each alone on {res.get('cores')} cores"
+    else:
+        who = (" beside ".join(named[a] for a in algos) + (", both started at once" if len(algos) > 1 else ", alone")
+               + f", for {res['minutes']:g} min on {res.get('cores')} cores (mean load "
+                 f"{res.get('loadavg_mean') or math.nan:.1f})")
     lines = [f"{res['env']}, actor and critic {res.get('hidden', PAPER_HIDDEN).replace(',', '-')}, "
-             f"{res.get('random_steps', PAPER_RANDOM_STEPS):,} random steps, seed 1; "
-             f"{who}{', both started at once' if len(algos) > 1 else ' alone'} for {res['minutes']:g} min "
-             f"on {res.get('cores')} cores (mean load {res.get('loadavg_mean') or math.nan:.1f})"]
+             f"{res.get('random_steps', PAPER_RANDOM_STEPS):,} random steps, seed 1; {who}"]
+    if res.get("versions"):
+        lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items()))
     if any("error" in r for r in runs.values()):
         lines.append("errors: " + "; ".join(f"{k}: {v['error']}" for k, v in runs.items() if "error" in v))
-    head = ["elapsed"] + [f"{a} {c}" for a in algos for c in ("f(μ)", "steps")]
+    if scores:
+        lines.append("score: μ's deterministic return, mean of the 10 fixed start states (seeds 10,000-10,009); "
+                     "f(μ): the run's own single-episode estimates in the minute up to then")
+    cols = ("score", "f(μ)", "steps") if scores else ("f(μ)", "steps")
+    head = ["elapsed"] + [f"{a} {c}" for a in algos for c in cols]
     body = []
-    mins = int(res["minutes"])
-    for m in list(range(1, mins + 1)) + ([res["minutes"]] if res["minutes"] != mins else []):
-        row = [f"{m:g} min"]
+    every = res.get("snapshot_every_s", 60.0)
+    marks = [every * k for k in range(1, int(res["minutes"] * 60 / every + 1e-9) + 1)]
+    if not marks or abs(marks[-1] - res["minutes"] * 60) > 1:
+        marks.append(res["minutes"] * 60)
+    for t in marks:
+        row = [f"{t / 60:.3g} min"]
         for algo in algos:
-            f, s = at(runs.get(algo, {}).get("evals", []), m * 60)
-            row += [f"{f:.0f}" if math.isfinite(f) else "–", f"{s:,.0f}" if math.isfinite(s) else "–"]
+            f, s = at(runs.get(algo, {}).get("evals", []), t)
+            if scores:
+                snap = scored_at(scores.get(algo, []), t)
+                row.append(cell(snap["mean"]) if snap else "–")
+                s = snap["steps"] if snap else s
+            row += [cell(f), cell(s)]
+        body.append(row)
+    finals = {a: next((x for x in scores.get(a, []) if x.get("final")), None) for a in algos}
+    if any(finals.values()):
+        row = ["final μ"]
+        for algo in algos:
+            x = finals[algo]
+            row += [cell(x["mean"]) if x else "–", "", f"{x['steps']:,} at {x['at_s'] / 60:.1f} min" if x else "–"]
         body.append(row)
     lines.append(render(head, body))
     a = runs.get("aesrl", {})
     lines.append("")
     paper = ", ".join(f"{k} {1e6 / v:,.0f}" for k, v in PAPER_MIN_PER_1M.items())
-    rates = ", ".join(f"{algo} {runs.get(algo, {}).get('steps', 0) / res['minutes']:,.0f}" for algo in algos)
+    rates = ", ".join(f"{algo} {runs.get(algo, {}).get('steps', 0) / res.get('minutes_of', {}).get(algo, res['minutes']):,.0f}"
+                      for algo in algos)
     lines.append(f"stored steps per minute: {rates}; the paper's Table 1 (1M HalfCheetah-v2 steps): {paper}")
     if a.get("critic_steps_per_s") is not None or a.get("rl_job_s") is not None:
         lines.append(f"aesrl critic daemon: median {a.get('critic_steps_per_s') or math.nan:.0f} steps/s; RL jobs: "
                      f"{a.get('rl_jobs')} of mean {a.get('rl_job_s') or math.nan:.2f} s; ES jobs: {a.get('es_jobs')} of mean {a.get('es_job_s') or math.nan:.2f} s")
     return "\n".join(lines)
+
+
+def load_races(dirs: list[Path]) -> dict:
+    """The races in `dirs` as one: each run from its own folder, the algorithms side by side at equal
+    minutes (the table runs to the longest race; a shorter one's later cells are blank)."""
+    merged: dict = {}
+    for d in dirs:
+        res = json.loads((d / "gpu.json").read_text())
+        res.update(read_race(d, res["minutes"], tuple(res.get("algos", RACE_ALGOS))))
+        if not merged:
+            merged = {**res, "runs": {}, "scores": {}, "algos": [], "minutes_of": {}, "load_of": {}}
+        merged["separate"] = len(dirs) > 1
+        merged["minutes"] = max(merged["minutes"], res["minutes"])
+        if "aesrl" in res.get("algos", ()):
+            merged["workers"] = res["workers"]
+        for algo in res.get("algos", RACE_ALGOS):
+            merged["algos"].append(algo)
+            merged["runs"][algo] = res["runs"][algo]
+            merged["scores"][algo] = res.get("scores", {}).get(algo, [])
+            merged["minutes_of"][algo] = res["minutes"]
+            merged["load_of"][algo] = res.get("loadavg_mean")
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,8 +481,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--random-steps", type=int, default=PAPER_RANDOM_STEPS, help="the random phase (the paper's)")
     r.add_argument("--algos", default=",".join(RACE_ALGOS),
                    help="which runs start at once (default aesrl,td3; td3 alone shows what sharing costs it)")
-    p = sub.add_parser("report", help="the race tables again from DIR/gpu.json and the run folders")
-    p.add_argument("dir", type=Path)
+    r.add_argument("--snapshot-every", type=float, default=60.0,
+                   help="seconds between the snapshots of each run's μ that the table scores (default a minute)")
+    p = sub.add_parser("report", help="the race tables again from DIR/gpu.json and the run folders; several "
+                       "DIRs (one algorithm each, run one after the other) side by side at equal minutes")
+    p.add_argument("dir", type=Path, nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "micro":
         micro(a.env, a.seconds, a.hidden, a.rl_steps)
@@ -360,11 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         algos = tuple(dict.fromkeys(x for x in a.algos.split(",") if x))
         if not algos or set(algos) - set(RACE_ALGOS):
             ap.error(f"--algos: a comma-separated choice out of {','.join(RACE_ALGOS)}, got {a.algos!r}")
-        race(a.env, a.minutes, a.workers, a.out, a.hidden, a.random_steps, algos)
+        if a.snapshot_every <= 0:
+            ap.error("--snapshot-every must be > 0 seconds")
+        race(a.env, a.minutes, a.workers, a.out, a.hidden, a.random_steps, algos, a.snapshot_every)
     else:
-        res = json.loads((a.dir / "gpu.json").read_text())
-        res.update(read_race(a.dir, res["minutes"], tuple(res.get("algos", RACE_ALGOS))))
-        print(race_tables(res))
+        print(race_tables(load_races(a.dir)))
     return 0
 
 

@@ -30,14 +30,20 @@ def test_micro_prints_a_row_per_device_with_measured_rates():
 @pytest.mark.slow
 def test_race_runs_aesrl_beside_td3_and_tables_f_mu_against_wall_clock(tmp_path):
     out = bench("race", "--env", "Pendulum-v1", "--hidden", "16,16", "--random-steps", "400", "--minutes", "0.5",
-                "--workers", "1", "--out", str(tmp_path), timeout=240)
+                "--workers", "1", "--snapshot-every", "10", "--out", str(tmp_path), timeout=240)
     res = json.loads((tmp_path / "gpu.json").read_text())
     assert res["exit"] == {"aesrl": 143, "td3": 143}  # both ran the whole time, then took SIGTERM
     for algo in ("aesrl", "td3"):
         run = res["runs"][algo]
         assert run["steps"] > 400 and run["evals"], run  # past the random phase, with f(μ) evaluations
         assert (tmp_path / f"{algo}-gpu" / "summary.json").is_file()
+        # μ every 10 s and at the end, each scored on the 10 fixed start states, the counters rising
+        scores = res["scores"][algo]
+        assert [x["at_s"] for x in scores if not x["final"]] == [10, 20] and scores[-1]["final"], scores
+        assert all(len(x["returns"]) == 10 and x["mean"] < 0 for x in scores)  # Pendulum's returns are < 0
+        assert scores[0]["steps"] <= scores[1]["steps"] <= scores[-1]["steps"] and scores[-1]["steps"] >= run["steps"]
     assert "| 0.5 min |" in out and "stored steps per minute: aesrl" in out
+    assert "| final μ |" in out and "aesrl score" in out
 
 
 @pytest.mark.slow
@@ -47,7 +53,9 @@ def test_race_of_one_algorithm_alone(tmp_path):
     res = json.loads((tmp_path / "gpu.json").read_text())
     assert res["exit"] == {"td3": 143} and res["runs"]["td3"]["steps"] > 400
     assert not (tmp_path / "aesrl-gpu").exists()  # no AES-RL run was started
-    assert "td3 alone for 0.3 min" in out and "aesrl f(μ)" not in out and "stored steps per minute: td3" in out
+    assert "td3, alone, for 0.3 min" in out and "aesrl f(μ)" not in out and "stored steps per minute: td3" in out
+    table = out[out.index("Pendulum-v1, actor"):]
+    assert bench("report", str(tmp_path), timeout=120).strip() == table.strip()  # the same table from the folder
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "race", "--algos", "sac", "--out",
                            str(tmp_path / "x")], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--algos" in proc.stderr
