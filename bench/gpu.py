@@ -375,8 +375,9 @@ def at(evals: list, t: float) -> tuple[float, float]:
 
 
 def scored_at(scores: list[dict], t: float) -> dict | None:
-    """The snapshot taken at second t (within a second), or None."""
-    return next((x for x in scores if not x.get("final") and abs(x["at_s"] - t) <= 1), None)
+    """The snapshot taken at second t (within a second; the final μ when the run stopped then), or None."""
+    return next((x for x in scores if not x.get("final") and abs(x["at_s"] - t) <= 1),
+                next((x for x in scores if x.get("final") and abs(x["at_s"] - t) <= 1), None))
 
 
 def cell(x: float, fmt: str = ",.0f") -> str:
