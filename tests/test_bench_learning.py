@@ -248,3 +248,37 @@ def test_the_final_policy_fills_only_milestones_a_run_ended_one_episode_short_of
                                  "at_interactions": 99_942, "from": "final policy"}
     assert set(after[102]) == set(after[103]) == {"25", "50"}
     assert learning_final.amend(results, runs, score, learning.update) == []  # once only
+
+
+def test_tables_for_the_docs_call_a_difference_only_with_every_declared_seed(tmp_path):
+    """bench/learning_tables.py on made-up rows: the means and their intervals, and P(aesrl > X) with
+    a call only where both sides have all their declared seeds (5 td3 runs; 2 of 3 cemrl runs)."""
+    def rows(algo, means):
+        return [{"env": "Hopper-v5", "algo": algo, "seed": 101 + i, "wall_s": 3600.0,
+                 "scores": {"100": {"mean": m, "returns": [m] * 10}}} for i, m in enumerate(means)]
+
+    made = rows("aesrl", [10, 11, 12, 13, 14]) + rows("td3", [1, 2, 3, 4, 5]) + rows("cemrl", [1, 2])
+    path = tmp_path / "learning-protocol.json"
+    path.write_text(json.dumps({"protocol": {**learning.PROTOCOL, "commit": "0" * 40}, "rows": made,
+                                "crashes": [{"cell": "x"}], "summary": {}}))
+    before = path.read_text()
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learning_tables.py"), str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("12 of 57 cells recorded, 45 pending, 1 crashes, 12.0 h of cells, commit 0000000")
+    aesrl = next(line for line in out.splitlines() if line.startswith("| Hopper | aesrl | 5 |"))
+    assert re.search(r"\| 12 \[1[01], 1[34]\] \| 12 \[", aesrl), aesrl  # 100 %: mean [CI], then the IQM
+    assert "| Hopper | td3 |  |  | 1.00 [1.00, 1.00] ahead |" in out  # 5 against 5: the call
+    assert "| Hopper | cemrl |  |  | 1.00 [1.00, 1.00] (5 v 2) |" in out  # no call before cemrl's third seed
+    assert path.read_text() == before  # it writes nothing to the results file
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n<!-- protocol tables -->\nold table\n<!-- end protocol tables -->\nafter\n")
+    subprocess.run([sys.executable, str(ROOT / "bench" / "learning_tables.py"), str(path), "--doc", str(doc)],
+                   cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    text = doc.read_text()
+    assert "old table" not in text and text.startswith("intro\n<!-- protocol tables -->\n12 of 57 cells")
+    assert "(5 v 2) |  |  |  |\n<!-- end protocol tables -->\nafter\n" in text
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "learning_tables.py"), str(tmp_path / "none.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no such results file" in bad.stderr
