@@ -30,6 +30,7 @@ import io
 import json
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,8 @@ from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.optimizers import needs_critic_daemon  # noqa: E402
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
-from aesrl_queue.store import Store, worker_beat  # noqa: E402
+from aesrl_queue.store import Store, dist_name, worker_beat  # noqa: E402
+from bench.scale import read_stats  # noqa: E402
 from scheduler.loop import PUBLISH_HZ, Scheduler  # noqa: E402
 from workers.worker import HEARTBEAT_EVERY, RQ_HEARTBEAT_EVERY  # noqa: E402
 
@@ -94,88 +96,103 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     store = Store(client, cfg.run_id)
     sched.setup()
     sched.apply([])
-    stats = [Path(tempfile.mkdtemp(prefix="loop-cost-relay-")) / "stats.json" for _ in relays]
+    folder = Path(tempfile.mkdtemp(prefix="loop-cost-relays-"))  # their stats files, removed at the end
+    stats = [folder / f"relay-{i}.json" for i in range(len(relays))]
     # each a host's relay in a process of its own, following this run from the primary into its own Redis
     hosts = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale.py"), "_relay", "--url", url, "--local", local,
                                "--stats", str(f)]) for local, f in zip(relays, stats, strict=True)]
-    time.sleep(2.0)  # they start, find the run (RUNS_EVERY_S) and copy its first version
-    c0 = main_thread_cpu_s(redis_pid)
-    time.sleep(IDLE_S)
-    idle_ms_per_s = 1e3 * (main_thread_cpu_s(redis_pid) - c0) / IDLE_S  # the relays' polls and beats, no results
-    ep = _episode()
-    keep = needs_critic_daemon(cfg)  # an ES-only run stores no transitions
-    info = codec.pack({"worker": "w0", "host": "bench", "pid": 0, "t": time.time()})
-    rng = np.random.default_rng(1)
-    prof = cProfile.Profile(time.thread_time) if profile else None  # CPU time: this thread's, not the waits
-    loop_s = proc_s = redis_cpu_s = wall_s = beat_s = 0.0
-    done = beats = 0
-    redis_tot: dict[str, tuple[int, int]] = {}
-    n = 0
-    rounds = 0
-    while done < results + batch * 2:
-        rounds += 1
-        round_at = time.monotonic()  # a round takes 1/COMMIT_HZ s, so relays see versions at the real rate
-        beat0 = main_thread_cpu_s(redis_pid)
-        for i in range(workers):  # heartbeats expire: keep them fresh, or the loop shrinks what it keeps in flight
-            worker_beat(client, f"w{i}", {"host": "bench", "pid": 0})
-        beat_s += main_thread_cpu_s(redis_pid) - beat0
-        beats += workers
-        jobs = [j for j, i in sched.dispatch.inflight.items() if i["kind"] == "es"][:batch]
-        warm = done >= batch * 2  # two rounds of warm-up
-        start = commandstats(client) if warm else None  # the workers' start and finish scripts included
-        cpu0, wall0 = main_thread_cpu_s(redis_pid), time.monotonic()
-        for job in jobs:
-            got = store.start_job(job, info)
-            if not relays:
-                store.dist_blobs(int(got[0]))  # a host without a relay reads μ/var from the primary
-            fields = {"job": job, "kind": "es", "version": int(got[0]), "seed": int(sched.dispatch.inflight[job]["seed"]),
-                      "worker": "w0", "spec_hash": cfg.spec_hash, "status": "ok", "fitness": float(rng.standard_normal()),
-                      "len": EP_LEN, "f_mu": float(rng.standard_normal()), "f_mu_version": int(got[0]), "ind": "",
-                      "eval_steps": 0, "duration": 1.0}
-            store.finish_job(ep, job, fields, keep=keep)  # as a worker of this run does
-        for job in jobs:  # the ε the loop computes ahead while the jobs run (they ran above)
-            sched.dispatch.noise_ahead.wait(job)
-        t_thread, t_proc = time.thread_time(), time.process_time()
-        if prof and warm:
-            prof.enable()
-        now[0] += 1.0
-        got = []
-        while len(got) < len(jobs):  # the round's results, `per_read` per XREAD (all at once when 0)
-            part = sched.dispatch.read(sched.last_id, 10, sched.rb, count=per_read or 200)
-            if not part:
-                break
-            sched.apply(part)
-            got += part
-        if prof and warm:
-            prof.disable()
-        if warm:
-            end = commandstats(client)
-            for k, (calls, usec) in end.items():
-                if k != "info":
-                    c0, u0 = start.get(k, (0, 0))
-                    c1, u1 = redis_tot.get(k, (0, 0))
-                    redis_tot[k] = (c1 + calls - c0, u1 + usec - u0)
-            loop_s += time.thread_time() - t_thread
-            proc_s += time.process_time() - t_proc
-            redis_cpu_s += main_thread_cpu_s(redis_pid) - cpu0
-            wall_s += time.monotonic() - wall0
-            n += len(got)
-        done += len(got)
-        time.sleep(max(0.0, round_at + 1 / COMMIT_HZ - time.monotonic()))
-    # The ε of the jobs is computed on the background thread while they run: its CPU is not inside
-    # the timed window above, so it is timed here on this thread, as the same function.
-    from aesrl_queue import kernels, noise
-    t = time.thread_time()
-    for s in range(20):
-        noise.job_noise(s, cfg.actor_dim, kernels.perturbation)
-    eps_ms = (time.thread_time() - t) / 20 * 1e3
-    redis_by = {k: (calls / n, usec / n / 1e3) for k, (calls, usec) in redis_tot.items() if calls}
-    copied = []
-    time.sleep(0.3 if hosts else 0.0)  # the last version reaches the hosts, and their stats files
-    for proc, f in zip(hosts, stats, strict=True):
-        copied.append(json.loads(f.read_text())["versions"])
-        proc.terminate()
-        proc.wait()
+    try:
+        time.sleep(2.0)  # they start, find the run (RUNS_EVERY_S) and copy its first version
+        c0 = main_thread_cpu_s(redis_pid)
+        time.sleep(IDLE_S)
+        idle_ms_per_s = 1e3 * (main_thread_cpu_s(redis_pid) - c0) / IDLE_S  # the relays' polls and beats, no results
+        ep = _episode()
+        keep = needs_critic_daemon(cfg)  # an ES-only run stores no transitions
+        info = codec.pack({"worker": "w0", "host": "bench", "pid": 0, "t": time.time()})
+        rng = np.random.default_rng(1)
+        prof = cProfile.Profile(time.thread_time) if profile else None  # CPU time: this thread's, not the waits
+        loop_s = proc_s = redis_cpu_s = wall_s = beat_s = 0.0
+        done = beats = 0
+        redis_tot: dict[str, tuple[int, int]] = {}
+        n = 0
+        rounds = 0
+        while done < results + batch * 2:
+            rounds += 1
+            round_at = time.monotonic()  # a round takes 1/COMMIT_HZ s, so relays see versions at the real rate
+            beat0 = main_thread_cpu_s(redis_pid)
+            for i in range(workers):  # heartbeats expire: keep them fresh, or the loop shrinks what it keeps in flight
+                worker_beat(client, f"w{i}", {"host": "bench", "pid": 0})
+            beat_s += main_thread_cpu_s(redis_pid) - beat0
+            beats += workers
+            jobs = [j for j, i in sched.dispatch.inflight.items() if i["kind"] == "es"][:batch]
+            warm = done >= batch * 2  # two rounds of warm-up
+            start = commandstats(client) if warm else None  # the workers' start and finish scripts included
+            cpu0, wall0 = main_thread_cpu_s(redis_pid), time.monotonic()
+            for job in jobs:
+                got = store.start_job(job, info)
+                if not relays:
+                    store.dist_blobs(int(got[0]))  # a host without a relay reads μ/var from the primary
+                fields = {"job": job, "kind": "es", "version": int(got[0]), "seed": int(sched.dispatch.inflight[job]["seed"]),
+                          "worker": "w0", "spec_hash": cfg.spec_hash, "status": "ok", "fitness": float(rng.standard_normal()),
+                          "len": EP_LEN, "f_mu": float(rng.standard_normal()), "f_mu_version": int(got[0]), "ind": "",
+                          "eval_steps": 0, "duration": 1.0}
+                store.finish_job(ep, job, fields, keep=keep)  # as a worker of this run does
+            for job in jobs:  # the ε the loop computes ahead while the jobs run (they ran above)
+                sched.dispatch.noise_ahead.wait(job)
+            t_thread, t_proc = time.thread_time(), time.process_time()
+            if prof and warm:
+                prof.enable()
+            now[0] += 1.0
+            got = []
+            while len(got) < len(jobs):  # the round's results, `per_read` per XREAD (all at once when 0)
+                part = sched.dispatch.read(sched.last_id, 10, sched.rb, count=per_read or 200)
+                if not part:
+                    break
+                sched.apply(part)
+                got += part
+            if prof and warm:
+                prof.disable()
+            if warm:
+                end = commandstats(client)
+                for k, (calls, usec) in end.items():
+                    if k != "info":
+                        c0, u0 = start.get(k, (0, 0))
+                        c1, u1 = redis_tot.get(k, (0, 0))
+                        redis_tot[k] = (c1 + calls - c0, u1 + usec - u0)
+                loop_s += time.thread_time() - t_thread
+                proc_s += time.process_time() - t_proc
+                redis_cpu_s += main_thread_cpu_s(redis_pid) - cpu0
+                wall_s += time.monotonic() - wall0
+                n += len(got)
+            done += len(got)
+            time.sleep(max(0.0, round_at + 1 / COMMIT_HZ - time.monotonic()))
+        # The ε of the jobs is computed on the background thread while they run: its CPU is not inside
+        # the timed window above, so it is timed here on this thread, as the same function.
+        from aesrl_queue import kernels, noise
+        t = time.thread_time()
+        for s in range(20):
+            noise.job_noise(s, cfg.actor_dim, kernels.perturbation)
+        eps_ms = (time.thread_time() - t) / 20 * 1e3
+        redis_by = {k: (calls / n, usec / n / 1e3) for k, (calls, usec) in redis_tot.items() if calls}
+        last = store.key(dist_name(sched.published))  # the last version reaches every host (10 s at most)
+        locals_ = [connect(local) for local in relays]
+        deadline = time.monotonic() + 10.0
+        while not all(c.exists(last) for c in locals_) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3 if hosts else 0.0)  # and their stats files (written every 0.1 s)
+        copied = [int(read_stats(f).get("versions", 0)) for f in stats]
+        for c in locals_:
+            c.close()
+    finally:  # the relays stop and their files go, also when a round fails
+        for proc in hosts:
+            proc.terminate()
+        for proc in hosts:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
     sched.dispatch.noise_ahead.close()
     out = {"algo": algo, "batch": batch, "per_read": per_read, "results": n, "dim": cfg.actor_dim,
            "loop_ms_per_result": 1e3 * loop_s / n, "eps_ms_per_result": eps_ms,

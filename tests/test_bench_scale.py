@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,20 +69,24 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
 def test_loop_cost_measures_the_loop_alone(redis_server, tmp_path):
     """bench/loop_cost.py: every fed result applied, the costs positive, an ES-only run's workers
     make two script calls per result (start and finish) and store no transitions, and a host's relay
-    (a process of its own) copies each version published, one per round."""
+    (a process of its own) follows the versions published, the last one included; its stats files go."""
     sys.path.insert(0, str(ROOT))
     from bench.loop_cost import measure
 
     url = redis_server.url
     client = redis.Redis.from_url(url)
+    before = set(Path(tempfile.gettempdir()).glob("loop-cost-relays-*"))
     with RedisServer(directory=tmp_path / "host") as local:
         row = measure(url, "aesrl", batch=6, results=18, workers=4, profile=False, redis_pid=redis_server.proc.pid,
                       relays=[local.url])
         assert redis.Redis.from_url(local.url).exists(f"aesrl:loop-cost-aesrl-6:dist:{row['published']}")
+    assert set(Path(tempfile.gettempdir()).glob("loop-cost-relays-*")) == before  # the relays' stats files go
     assert row["results"] >= 18 and row["dim"] == 129_193
     assert row["loop_ms_per_result"] > 0 and row["eps_ms_per_result"] > 0 and row["redis_ms_per_result"] > 0
     assert row["redis_cpu_ms_per_result"] > 0 and row["redis_ms_per_beat"] > 0
-    assert row["relay_versions"][0] >= row["rounds"] - 1  # every round's version but perhaps the last
+    # the relay copies the newest version when it looks (every 5 ms): on a quiet machine one per round,
+    # on a loaded one it can skip some; the last one is there (above) and the row counts what it copied
+    assert 1 <= row["relay_versions"][0] <= row["published"] + 1  # versions 0..published
     assert row["redis_by_command"]["evalsha"][0] == pytest.approx(2.0)
     assert "xadd" in row["redis_by_command"]  # results and history entries; never an episode:
     assert client.xlen("aesrl:loop-cost-aesrl-6:replay") == 0
