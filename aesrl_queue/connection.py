@@ -231,7 +231,32 @@ def connect(
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {exc}") from None
     if check:
         ping(client, url)
+        warn_if_open(client, url)
     return client
+
+
+_OPEN_WARNED: set[tuple] = set()
+
+
+def warn_if_open(client: redis.Redis, url: str) -> None:
+    """A password in the URL of a Redis that asks for none is accepted and protects nothing: say so,
+    once per process and server, when the same server answers a connection without credentials."""
+    kw = client.connection_pool.connection_kwargs
+    if not kw.get("password"):
+        return
+    where = (kw.get("host"), kw.get("port"), kw.get("path"))
+    if where in _OPEN_WARNED:
+        return
+    _OPEN_WARNED.add(where)
+    bare = {k: v for k, v in kw.items() if k not in ("password", "username", "retry", "retry_on_error")}
+    try:
+        with redis.Redis(connection_pool=redis.ConnectionPool(connection_class=client.connection_pool.connection_class,
+                                                              **bare)) as probe:
+            probe.ping()
+    except (redis.RedisError, OSError):
+        return  # it asks for credentials (NOAUTH), or did not answer this once: nothing to say
+    log.warning("Redis at %s accepts connections without a password: the one in the URL protects nothing. "
+                "Set requirepass or an ACL user on the server (docs/security.md)", redact(url))
 
 
 def ping(client: redis.Redis, url: str | None = None) -> None:

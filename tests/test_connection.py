@@ -105,6 +105,20 @@ def test_password_in_the_url_works(secured: RedisServer) -> None:
     b.close()
 
 
+def test_a_password_to_a_redis_that_asks_for_none_is_named_once(secured: RedisServer, redis_url: str,
+                                                                  caplog) -> None:
+    """Redis accepts a password it does not ask for: the URL's password would protect nothing, and
+    connect says so once per process and server; a server that asks for it gets no such line."""
+    caplog.set_level("WARNING", logger="aesrl_queue.connection")
+    connect(secured.url).close()
+    assert "without a password" not in caplog.text
+    open_url = redis_url.replace("redis://", f"redis://:{PASSWORD}@")
+    for _ in range(2):
+        connect(open_url).close()
+    lines = [r.getMessage() for r in caplog.records if "without a password" in r.getMessage()]
+    assert len(lines) == 1 and PASSWORD not in lines[0] and ":***@" in lines[0], lines
+
+
 def test_resolve_url_order(monkeypatch) -> None:
     monkeypatch.delenv(ENV_URL, raising=False)
     assert resolve_url(None) == "redis://127.0.0.1:6379/0"
