@@ -238,7 +238,7 @@ def connect(
 _OPEN_WARNED: set[tuple] = set()
 
 
-def warn_if_open(client: redis.Redis, url: str) -> None:
+def warn_if_open(client: redis.Redis, url: str | None = None) -> None:
     """A password in the URL of a Redis that asks for none is accepted and protects nothing: say so,
     once per process and server, when the same server answers a connection without credentials."""
     kw = client.connection_pool.connection_kwargs
@@ -256,7 +256,8 @@ def warn_if_open(client: redis.Redis, url: str) -> None:
     except (redis.RedisError, OSError):
         return  # it asks for credentials (NOAUTH), or did not answer this once: nothing to say
     log.warning("Redis at %s accepts connections without a password: the one in the URL protects nothing. "
-                "Set requirepass or an ACL user on the server (docs/security.md)", redact(url))
+                "Set requirepass or an ACL user on the server (docs/security.md)",
+                redact(url) if url else kw.get("path") or f"{kw.get('host')}:{kw.get('port')}")
 
 
 def ping(client: redis.Redis, url: str | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -9,6 +11,7 @@ import redis
 
 from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact, resolve_url
 from aesrl_queue.redis_server import RedisServer, free_port
+from tests.conftest import ROOT, child_env
 
 PASSWORD = "s3cret"
 
@@ -117,6 +120,11 @@ def test_a_password_to_a_redis_that_asks_for_none_is_named_once(secured: RedisSe
         connect(open_url).close()
     lines = [r.getMessage() for r in caplog.records if "without a password" in r.getMessage()]
     assert len(lines) == 1 and PASSWORD not in lines[0] and ":***@" in lines[0], lines
+    # an rq worker makes its own client from `-u URL`: it says so too, and runs on
+    w = subprocess.run([sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u", open_url,
+                        "--burst", "aesrl-es"], capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60)
+    assert w.returncode == 0 and "accepts connections without a password" in w.stderr + w.stdout, w.stderr
+    assert PASSWORD not in w.stderr + w.stdout
 
 
 def test_resolve_url_order(monkeypatch) -> None:

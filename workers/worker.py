@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
-from aesrl_queue.connection import backoff_retry, use_packer, wait_until_reachable
+from aesrl_queue.connection import backoff_retry, use_packer, wait_until_reachable, warn_if_open
 from aesrl_queue.store import QUEUE_ES, QUEUE_RL, Store, worker_beat, worker_gone
 from workers import jobs, replica
 
@@ -123,6 +123,7 @@ class AesrlWorker(SimpleWorker):
         use_packer(self.connection)
         self._torch_limited = _limit_threads()
         _log_like_rq()
+        warn_if_open(self.connection)  # a password in `-u URL` that the server does not ask for
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._current: dict[str, str] = {}
