@@ -30,18 +30,19 @@ def test_micro_prints_a_row_per_device_with_measured_rates():
 @pytest.mark.slow
 def test_race_runs_aesrl_beside_td3_and_tables_f_mu_against_wall_clock(tmp_path):
     out = bench("race", "--env", "Pendulum-v1", "--hidden", "16,16", "--random-steps", "400", "--minutes", "0.5",
-                "--workers", "1", "--snapshot-every", "10", "--out", str(tmp_path), timeout=240)
+                "--workers", "1", "--snapshot-every", "5", "--out", str(tmp_path), timeout=240)
     res = json.loads((tmp_path / "gpu.json").read_text())
     assert res["exit"] == {"aesrl": 143, "td3": 143}  # both ran the whole time, then took SIGTERM
     for algo in ("aesrl", "td3"):
         run = res["runs"][algo]
         assert run["steps"] > 400 and run["evals"], run  # past the random phase, with f(μ) evaluations
         assert (tmp_path / f"{algo}-gpu" / "summary.json").is_file()
-        # μ every 10 s once the run has announced its Redis (a loaded machine can take 10 s to start
+        # μ every 5 s once the run has announced its Redis (a loaded machine can take 20 s to start
         # one) and at the end, each scored on the 10 fixed start states, the counters rising
         scores = res["scores"][algo]
         marks = [x["at_s"] for x in scores if not x["final"]]
-        assert marks in ([10, 20], [10], [20]) and scores[-1]["final"], scores
+        assert marks and marks == sorted(set(marks)) and set(marks) <= {5, 10, 15, 20, 25}, scores
+        assert scores[-1]["final"] and 30 <= scores[-1]["at_s"] <= 35, scores
         assert all(len(x["returns"]) == 10 and x["mean"] < 0 for x in scores)  # Pendulum's returns are < 0
         steps = [x["steps"] for x in scores]
         assert steps == sorted(steps) and steps[-1] >= run["steps"], scores
