@@ -404,8 +404,11 @@ def race_tables(res: dict) -> str:
     if any("error" in r for r in runs.values()):
         lines.append("errors: " + "; ".join(f"{k}: {v['error']}" for k, v in runs.items() if "error" in v))
     if scores:
-        lines.append("score: μ's deterministic return, mean of the 10 fixed start states (seeds 10,000-10,009); "
-                     "f(μ): the run's own single-episode estimates in the minute up to then")
+        from bench.learning import PROTOCOL  # the start states score_snapshots scored on
+
+        seeds = PROTOCOL["eval_seeds"]
+        lines.append(f"score: μ's deterministic return, mean of the {len(seeds)} fixed start states (seeds "
+                     f"{seeds[0]:,}-{seeds[-1]:,}); f(μ): the run's own single-episode estimates in the minute up to then")
     cols = ("score", "f(μ)", "steps") if scores else ("f(μ)", "steps")
     head = ["elapsed"] + [f"{a} {c}" for a in algos for c in cols]
     body = []
@@ -457,6 +460,8 @@ def load_races(dirs: list[Path]) -> dict:
         if "aesrl" in res.get("algos", ()):
             merged["workers"] = res["workers"]
         for algo in res.get("algos", RACE_ALGOS):
+            if algo in merged["algos"]:
+                raise ValueError(f"{d}: a second {algo} race (one folder per algorithm)")
             merged["algos"].append(algo)
             merged["runs"][algo] = res["runs"][algo]
             merged["scores"][algo] = res.get("scores", {}).get(algo, [])
@@ -500,7 +505,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--snapshot-every must be > 0 seconds")
         race(a.env, a.minutes, a.workers, a.out, a.hidden, a.random_steps, algos, a.snapshot_every)
     else:
-        print(race_tables(load_races(a.dir)))
+        try:
+            print(race_tables(load_races(a.dir)))
+        except ValueError as exc:
+            ap.error(str(exc))
     return 0
 
 

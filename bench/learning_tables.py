@@ -45,11 +45,15 @@ def stat(s: list[float] | None) -> str:
     return num(s[0]) + (f" [{num(s[1])}, {num(s[2])}]" if math.isfinite(s[1]) else "")
 
 
+def env_name(env: str, protocol: dict) -> str:
+    return SHORT.get(env, env) + (" (held out)" if env in protocol["held_out"] else "")
+
+
 def returns_table(summary: dict, protocol: dict) -> str:
     head = ["env", "algo", "n", *STEPS, "IQM 100", *INTERACTIONS, "IQM i100k"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for env, marks in summary.items():
-        name = SHORT.get(env, env) + (" (held out)" if env in protocol["held_out"] else "")
+        name = env_name(env, protocol)
         for algo in protocol["seeds"]:
             cells = {k: marks[k]["algos"].get(algo) for k in marks}
             if not any(cells.values()):
@@ -67,7 +71,7 @@ def improvement_table(summary: dict, protocol: dict) -> str:
     head = ["env", "P(aesrl > X)", *STEPS, *INTERACTIONS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for env, marks in summary.items():
-        name = SHORT.get(env, env) + (" (held out)" if env in protocol["held_out"] else "")
+        name = env_name(env, protocol)
         others = dict.fromkeys(x for k in marks for x in marks[k]["vs"])
         for other in others:
             row = [name, other]
@@ -118,8 +122,7 @@ def plot(summary: dict, protocol: dict, out: Path) -> None:
                 lo = [m[1] if math.isfinite(m[1]) else m[0] for m in mean]
                 hi = [m[2] if math.isfinite(m[2]) else m[0] for m in mean]
                 ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
-            title = SHORT.get(env, env) + (" (held out)" if env in protocol["held_out"] else "")
-            ax.set_title(title, fontsize=10)
+            ax.set_title(env_name(env, protocol), fontsize=10)
             ax.set_xlabel(label)
             ax.set_xticks(xs)
             if col == 0:

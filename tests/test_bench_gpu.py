@@ -60,6 +60,9 @@ def test_race_of_one_algorithm_alone(tmp_path):
     assert "td3, alone, for 0.3 min" in out and "aesrl f(μ)" not in out and "stored steps per minute: td3" in out
     table = out[out.index("Pendulum-v1, actor"):]
     assert bench("report", str(tmp_path), timeout=120).strip() == table.strip()  # the same table from the folder
+    twice = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "report", str(tmp_path), str(tmp_path)],
+                           cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert twice.returncode == 2 and "a second td3 race" in twice.stderr  # not two columns of one run
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "race", "--algos", "sac", "--out",
                            str(tmp_path / "x")], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--algos" in proc.stderr
