@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 
 from aesrl_queue.config import ALGOS, RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
+from aesrl_queue.procs import stop_all  # noqa: E402
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
 from aesrl_queue.store import Store, live_workers  # noqa: E402
 
@@ -222,7 +223,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env.pop("AESRL_REDIS_URL", None)
     workers = [subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u", server.url,
                                  "--logging_level", "WARNING", "aesrl-rl", "aesrl-es"], cwd=ROOT, env=env,
-                                stdout=open(workdir / f"worker-{i}.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+                                stdout=open(workdir / f"worker-{i}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                start_new_session=True)
                for i in range(args.workers or mode["workers"])]
     runs: list[dict] = []
     t_start = time.monotonic()
@@ -245,13 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       f"f(μ) at {steps} steps {row['f_at_steps'][str(steps)]:8.1f}  at {wall:g}s "
                       f"{row['f_at_wall'][str(wall)]:8.1f}", file=sys.stderr, flush=True)
     finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            try:
-                w.wait(15)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_all(((f"worker-{i}", w) for i, w in enumerate(workers)), grace=15.0)
         server.cleanup()
     table = summarize(runs, algos, steps, wall)
     return {

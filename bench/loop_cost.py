@@ -48,6 +48,7 @@ from aesrl_queue import codec  # noqa: E402
 from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.optimizers import needs_critic_daemon  # noqa: E402
+from aesrl_queue.procs import stop_all  # noqa: E402
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
 from aesrl_queue.store import Store, dist_name, worker_beat  # noqa: E402
 from bench.scale import read_stats  # noqa: E402
@@ -100,7 +101,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     stats = [folder / f"relay-{i}.json" for i in range(len(relays))]
     # each a host's relay in a process of its own, following this run from the primary into its own Redis
     hosts = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale.py"), "_relay", "--url", url, "--local", local,
-                               "--stats", str(f)]) for local, f in zip(relays, stats, strict=True)]
+                               "--stats", str(f)], start_new_session=True) for local, f in zip(relays, stats, strict=True)]
     try:
         time.sleep(2.0)  # they start, find the run (RUNS_EVERY_S) and copy its first version
         c0 = main_thread_cpu_s(redis_pid)
@@ -184,14 +185,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
         for c in locals_:
             c.close()
     finally:  # the relays stop and their files go, also when a round fails
-        for proc in hosts:
-            proc.terminate()
-        for proc in hosts:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(((f"relay-{i}", proc) for i, proc in enumerate(hosts)), grace=10.0)
         shutil.rmtree(folder, ignore_errors=True)
     sched.dispatch.noise_ahead.close()
     out = {"algo": algo, "batch": batch, "per_read": per_read, "results": n, "dim": cfg.actor_dim,
