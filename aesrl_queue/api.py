@@ -27,7 +27,7 @@ import numpy as np
 
 from aesrl_queue.config import ConfigError, RunConfig
 from aesrl_queue.envs import ENV_IDS, ENVS_VAR
-from aesrl_queue.local import LocalRun, Refused
+from aesrl_queue.local import JobsFail, LocalRun, Refused
 from aesrl_queue.progress import Snapshot
 
 ENVS_FILE = "envs.json"  # the registrations a run's environment needs (see _env_registration)
@@ -145,8 +145,11 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
             raise RunError(str(exc)) from None
         if progress:
             bar = _Bar(local.cfg.total_steps, local.store.state()["steps"], local.cfg.run_id)
-        code = local.wait(bar)
-        if code:
+        try:
+            code = local.wait(bar)
+        except JobsFail as exc:
+            code, outcome = 1, f"stopped: {exc}"
+        if code and not outcome:
             outcome = f"scheduler exited with {local.sched.returncode}"
     except KeyboardInterrupt:
         outcome = "interrupted"
@@ -161,6 +164,9 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
         if outcome == "interrupted":
             say(f"interrupted: {local.run_dir} holds the run so far; aesrl_queue.load({str(local.run_dir)!r})"
                 ".resume() continues it")
+    if outcome.startswith("stopped: "):
+        raise RunError(f"{outcome}; fix the cause, then aesrl_queue.load({str(local.run_dir)!r}).resume() "
+                       f"continues the run (logs in {local.run_dir / 'logs'})")
     if outcome:
         raise RunError(f"{outcome}; see {local.run_dir / 'logs' / 'scheduler.log'}")
     return Run(local.run_dir)

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 # gives them END_GRACE: its scheduler has finished and the workers are idle.
 STOP_GRACE = 1.5
 END_GRACE = 15.0
+# A local run's workers are its own children and run the launcher's code, so jobs that keep the
+# circuit breaker open this long (three probe jobs, one every 30 s, all failed) fail for a cause no
+# restart of theirs removes: the run stops with that cause instead of waiting for ever.
+GIVE_UP_AFTER = 90.0
 STOPPING = "stopping the children (workers, critic, scheduler); writing policy.npz and summary.json"
 
 
@@ -60,6 +64,10 @@ class Terminated(BaseException):
 
 class Refused(Exception):
     """The launch stopped before touching the run (exit 2 with this message)."""
+
+
+class JobsFail(Exception):
+    """A local run's jobs kept failing with the circuit breaker open; the message is the problem line."""
 
 
 _received: list[str] = []  # signals seen by the handler: the loop checks it too, in case one was lost
@@ -267,7 +275,7 @@ class LocalRun:
                  run_dir: Path | None = None, start_critic: bool = True, tensorboard_dir: str | None = None,
                  wandb_project: str | None = None, snapshot_every: float = 600.0, snapshot_steps=(),
                  snapshot_interactions=(), resume: Callable | None = None,
-                 say: Callable[[str], Any] = log.warning) -> None:
+                 say: Callable[[str], Any] = log.warning, give_up_after: float | None = None) -> None:
         self.cfg = cfg
         self.n_workers = n_workers
         self.redis_url = redis_url
@@ -290,6 +298,8 @@ class LocalRun:
         self.tb_dir: Path | None = None
         self.stop_seconds: float | None = None  # how long close() took after an interruption
         self._last_snapshot = time.monotonic()
+        self.give_up_after = GIVE_UP_AFTER if give_up_after is None else give_up_after
+        self._breaker_since: float | None = None
 
     @property
     def running(self) -> bool:
@@ -370,18 +380,32 @@ class LocalRun:
 
     def wait(self, on_progress: Callable[[Snapshot], Any] | None = None, interval: float = 1.0) -> int:
         """Follow the run until its scheduler exits; the exit code (0, or 1 if the scheduler failed).
-        KeyboardInterrupt and Terminated pass through to the caller, who then calls close()."""
+        KeyboardInterrupt and Terminated pass through to the caller, who then calls close(); so does
+        JobsFail, raised once the circuit breaker has stayed open for `give_up_after` seconds."""
         while self.running:
             time.sleep(interval)
             if _received:
                 raise Terminated(_received[0])
             snap = self.step()
+            self._check_breaker(snap)
             if on_progress is not None:
                 on_progress(snap)
         self.check_milestones()  # those the last episodes reached after the last check
         if on_progress is not None:
             on_progress(self.progress.look())
         return 0 if self.sched.returncode == 0 else 1
+
+    def _check_breaker(self, snap: Snapshot) -> None:
+        state = snap.state or {}
+        if not (state.get("breaker") and state.get("problem")):
+            self._breaker_since = None
+            return
+        now = time.monotonic()
+        if self._breaker_since is None:
+            self._breaker_since = now
+        elif now - self._breaker_since >= self.give_up_after:
+            raise JobsFail(f"{state.get('problem_hint') or state['problem']}; no job succeeded in "
+                           f"{now - self._breaker_since:.0f} s with the circuit breaker open")
 
     def _step(self, what: str, fn, *args, **kwargs):
         """One clean-up step: a failure is reported and the next step still runs."""

@@ -20,6 +20,7 @@ import click
 from aesrl_queue.config import RunConfig
 from aesrl_queue.local import (  # noqa: F401 - the names tests and cli/main.py use from here
     STOPPING,
+    JobsFail,
     LocalRun,
     Refused,
     Terminated,
@@ -202,6 +203,8 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
         code, outcome = 130, "interrupted"
     except Terminated as exc:
         code, outcome = 143, f"terminated ({exc})"
+    except JobsFail as exc:
+        code, outcome = 1, f"stopped: {exc}"
     except Refused as exc:
         echo(f"error: {exc}", err=True)
         code = 2

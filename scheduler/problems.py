@@ -5,7 +5,7 @@ and the progress line show.
 Two sources feed it: failing jobs (FailureBreaker in scheduler/dispatch.py) and a missing or stalled
 critic (the optimizer's `critic_problem`). Failing jobs come first: while jobs fail, the critic waits
 for episodes that never come. The line is written only when what it shows changes, and its first
-write replaces whatever an earlier scheduler of the run left there.
+write replaces whatever an earlier scheduler of the run left there, its circuit breaker included.
 """
 
 from __future__ import annotations
@@ -47,5 +47,7 @@ class ProblemLine:
     def flush(self) -> None:
         line = next((self.sources[s] for s in ORDER if s in self.sources), ("", ""))
         if line != self.shown:
-            self.store.set_state(problem=line[0], problem_hint=line[1])
+            # the first write also clears the circuit breaker an earlier scheduler of the run left open
+            extra = {"breaker": ""} if self.shown is None else {}
+            self.store.set_state(problem=line[0], problem_hint=line[1], **extra)
             self.shown = line

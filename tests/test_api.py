@@ -1,5 +1,6 @@
 """The Python API (aesrl_queue.train / load / Run) from plain Python scripts, on real processes:
-a run to completion, a run interrupted with Ctrl-C (SIGINT) and resumed, a user-registered env."""
+a run to completion, a run interrupted with Ctrl-C (SIGINT) and resumed, a user-registered env, a run
+whose jobs all fail."""
 
 from __future__ import annotations
 
@@ -119,3 +120,25 @@ def test_ctrl_c_stops_train_and_load_resume_finishes_it(tmp_path) -> None:
     assert out["summary"]["status"] == "finished" and out["summary"]["steps"] >= budget, out["summary"]
     assert out["total"] == budget and out["after"] > out["before"] > 0
     assert len(out["ev"]["returns"]) == 2
+
+
+def test_train_stops_with_the_cause_when_every_job_fails(tmp_path) -> None:
+    from tests.raising_env import MESSAGE
+
+    res = python(script(tmp_path, "failing", """
+        import aesrl_queue.local
+        aesrl_queue.local.GIVE_UP_AFTER = 3.0  # the same path as the default 90 s, sooner
+        try:
+            aq.train("tests.raising_env:AesrlRaise-v0", algo="es", steps=100_000, workers=1, hidden=(8, 8),
+                     out="runs", run_id="bad", progress=False)
+        except aq.RunError as exc:
+            print(json.dumps({"error": str(exc)}))
+        """), tmp_path)
+    error = json.loads(res.stdout.strip().splitlines()[-1])["error"]
+    assert error.startswith(f"stopped: jobs fail: RuntimeError: {MESSAGE} at step 2"), error
+    assert "no job succeeded in 3 s with the circuit breaker open" in error, error
+    assert "aesrl_queue.load('runs/bad').resume()" in error, error
+    folder = tmp_path / "runs" / "bad"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["failed"] >= 4 and summary["steps"] == 0, summary
+    assert (folder / "policy.npz").exists() and "in step" in (folder / "logs" / "scheduler.log").read_text()

@@ -43,10 +43,10 @@ def test_failure_cause_keeps_the_last_line_and_says_what_to_do():
 
 def test_failing_jobs_come_before_the_critic_and_each_kind_clears_its_own(client):
     store = Store(client, "pl")
-    store.set_state(problem="left by an earlier scheduler", problem_hint="old")
+    store.set_state(problem="left by an earlier scheduler", problem_hint="old", breaker="open after 4 failures")
     breaker = FailureBreaker(store)
-    breaker.line.critic(None)  # the loop's first pass: the stale line goes
-    assert store.state().get("problem") == ""
+    breaker.line.critic(None)  # the loop's first pass: the stale line and circuit breaker go
+    assert store.state().get("problem") == "" and store.state().get("breaker") == ""
     breaker.line.critic(("no critic has published weights", "no critic"))
     assert store.state()["problem"].endswith(f"start one: aesrl-queue critic start --run pl --redis-url "
                                              f"{client_url(client)}")
