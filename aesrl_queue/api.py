@@ -138,6 +138,7 @@ class _Bar:
 def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
     bar = None
     outcome = ""
+    jobs_fail = False  # stopped by JobsFail: the run folder holds the run, to resume once fixed
     try:
         try:
             local.start()
@@ -148,7 +149,7 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
         try:
             code = local.wait(bar)
         except JobsFail as exc:
-            code, outcome = 1, f"stopped: {exc}"
+            code, outcome, jobs_fail = 1, f"stopped: {exc}", True
         if code and not outcome:
             outcome = f"scheduler exited with {local.sched.returncode}"
     except KeyboardInterrupt:
@@ -164,7 +165,7 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
         if outcome == "interrupted":
             say(f"interrupted: {local.run_dir} holds the run so far; aesrl_queue.load({str(local.run_dir)!r})"
                 ".resume() continues it")
-    if outcome.startswith("stopped: "):
+    if jobs_fail:
         raise RunError(f"{outcome}; fix the cause, then aesrl_queue.load({str(local.run_dir)!r}).resume() "
                        f"continues the run (logs in {local.run_dir / 'logs'})")
     if outcome:

@@ -275,7 +275,7 @@ class LocalRun:
                  run_dir: Path | None = None, start_critic: bool = True, tensorboard_dir: str | None = None,
                  wandb_project: str | None = None, snapshot_every: float = 600.0, snapshot_steps=(),
                  snapshot_interactions=(), resume: Callable | None = None,
-                 say: Callable[[str], Any] = log.warning, give_up_after: float | None = None) -> None:
+                 say: Callable[[str], Any] = log.warning) -> None:
         self.cfg = cfg
         self.n_workers = n_workers
         self.redis_url = redis_url
@@ -298,7 +298,7 @@ class LocalRun:
         self.tb_dir: Path | None = None
         self.stop_seconds: float | None = None  # how long close() took after an interruption
         self._last_snapshot = time.monotonic()
-        self.give_up_after = GIVE_UP_AFTER if give_up_after is None else give_up_after
+        self.give_up_after = GIVE_UP_AFTER
         self._breaker_since: float | None = None
 
     @property
