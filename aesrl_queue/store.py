@@ -134,10 +134,10 @@ local v = redis.call('HGET', KEYS[1], 'version')
 if not v then return false end
 return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
 """
-# Replay entries after ARGV[1] (up to ARGV[2]) with only the fields a replay mirror keeps (len, job,
-# obs: 68 of 168 KB of a HalfCheetah episode), for a host's relay. KEYS: replay.
-# The replay entries after ARGV[1] with the fields a mirror keeps, and first the id of the oldest entry
-# still held (what a copy trims to): an id, not the entry, whose 168 KB would cross the network.
+# For a host's relay: the replay entries after ARGV[1] (up to ARGV[2]) with only the fields a mirror
+# keeps (len, job, obs: 68 of 168 KB of a HalfCheetah episode), preceded by the id of the oldest entry
+# still held (what a mirror trims to): an id, not the entry, whose 168 KB would cross the network.
+# KEYS: replay.
 _READ_REPLAY_OBS = """
 local rows = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
 if #rows == 0 then return {} end
