@@ -298,7 +298,6 @@ class LocalRun:
         self.tb_dir: Path | None = None
         self.stop_seconds: float | None = None  # how long close() took after an interruption
         self._last_snapshot = time.monotonic()
-        self.give_up_after = GIVE_UP_AFTER
         self._breaker_since: float | None = None
 
     @property
@@ -381,7 +380,7 @@ class LocalRun:
     def wait(self, on_progress: Callable[[Snapshot], Any] | None = None, interval: float = 1.0) -> int:
         """Follow the run until its scheduler exits; the exit code (0, or 1 if the scheduler failed).
         KeyboardInterrupt and Terminated pass through to the caller, who then calls close(); so does
-        JobsFail, raised once the circuit breaker has stayed open for `give_up_after` seconds."""
+        JobsFail, raised once the circuit breaker has stayed open for GIVE_UP_AFTER seconds."""
         while self.running:
             time.sleep(interval)
             if _received:
@@ -403,7 +402,7 @@ class LocalRun:
         now = time.monotonic()
         if self._breaker_since is None:
             self._breaker_since = now
-        elif now - self._breaker_since >= self.give_up_after:
+        elif now - self._breaker_since >= GIVE_UP_AFTER:
             raise JobsFail(f"{state.get('problem_hint') or state['problem']}; no job succeeded in "
                            f"{now - self._breaker_since:.0f} s with the circuit breaker open")
 
