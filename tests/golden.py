@@ -3,11 +3,14 @@
 `optimizer_trace(algo)` tells a fixed sequence of made-up results to the optimizer of `algo` and
 records μ, var and p after each; `td3_trace()` trains the TD3 baseline's agent on a fixed batch;
 `worker_traces(client)` evaluates fixed job specs (random, ES, antithetic ES, RL) on a real Redis
-and records the returns, the f(μ) estimate and a hash of every stored transition. Arrays are kept as
-SHA-256 digests of their bytes, so "the same" means the same to the last bit, except where torch
-computes them (the TD3 agent, the RL job's training and what its trained actor then does): torch's
-CPU kernels (MKL's matrix products) round differently on Intel and AMD processors, so those arrays
-are kept as a `fingerprint` and compared to within float32 rounding (tests/test_golden.py).
+and records the returns, the f(μ) estimate and the stored transitions. Arrays are kept as SHA-256
+digests of their bytes, so "the same" means the same to the last bit, except where a matrix product
+computes them: torch's (the TD3 agent, the RL job's training) and numpy's (every episode a network
+plays: its returns and transitions). Those kernels round differently by processor and by the kernel
+the BLAS library picks for it (MKL on Intel and AMD; OpenBLAS by CPU model or `OPENBLAS_CORETYPE`),
+so those arrays are kept as a `fingerprint`, and they and the returns are compared to within that
+rounding (tests/test_golden.py). A random-action episode computes no product: its transitions stay a
+digest, compared exactly.
 
     python -m tests.golden --write      # record tests/data/golden.json (only when a change is meant)
 """
@@ -185,8 +188,9 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
         if "mirror_fitness" in res:
             rec.update(mirror_fitness=num(float(res["mirror_fitness"])), mirror_len=int(res["mirror_len"]))
         rec.update(episodes=len(episodes), transitions=h.hexdigest()[:20])
-        if kind == "rl":  # the actor torch trained, and the episode it played
+        if kind == "rl":  # the actor torch trained
             rec["individual"] = fingerprint(store.get_individual(res["ind"]))
+        if not random_actions:  # the episode a network played: its actions went through a BLAS kernel
             rec["transitions"] = fingerprint(np.concatenate([
                 np.concatenate([a.ravel() for _k, a in sorted(store.decode_episode(i, f).items())]) for i, f in entries]))
         out[name] = rec
