@@ -24,6 +24,14 @@ import msgpack
 from aesrl_queue.numpy_actor import ACTIVATIONS, actor_param_count
 from aesrl_queue.rules import AESRL_VAR_RULES, FITNESS_MEAN_RULES
 
+# The learners' names and settings, kept torch-free here (aesrl_queue.learners builds them).
+LEARNER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "td3": {},
+    # CrossQ's published critic: 2048-2048 ReLU at lr 1e-3 (its actor lr too)
+    "crossq": {"critic_hidden": (2048, 2048), "critic_activation": "relu", "critic_lr": 1e-3, "actor_lr": 1e-3},
+}
+LEARNERS = tuple(LEARNER_DEFAULTS)
+
 ALGOS = ("aesrl", "es", "opo", "acemrl", "cemrl", "pcemrl", "td3")
 ASYNC_ALGOS = ALGOS[:4]  # one update per evaluated individual (AesrlOptimizer)
 # The mean and variance rules a run selects (aesrl_queue/rules.py defines them); these two names
@@ -92,7 +100,8 @@ class RunConfig:
     activation: str = _setting("tanh", f"actor activation: {', '.join(ACTIVATIONS)}")
     critic_hidden: tuple[int, ...] = _setting((400, 300), "critic hidden layer sizes")
     critic_activation: str = _setting("leaky_relu", f"critic activation: {', '.join(ACTIVATIONS)}")
-    # TD3 and RL jobs
+    # the off-policy learner (critic daemon, RL jobs, td3) and RL jobs
+    learner: str = _setting("td3", "off-policy learner of the critic and the RL jobs: td3 (the paper's), crossq")
     actor_lr: float = _setting(1e-3, "actor learning rate")
     critic_lr: float = _setting(1e-3, "critic learning rate")
     batch_size: int = _setting(256, "TD3 batch size")
@@ -152,6 +161,8 @@ class RunConfig:
         # The baselines' own published settings win over the environment preset; options win over both.
         algo = overrides.get("algo") or cls.algo  # the class default when --algo is not given
         values.update(ALGO_DEFAULTS.get(algo, {}))
+        # a learner's own settings (crossq's wide critic) win over the algorithm's
+        values.update(LEARNER_DEFAULTS.get(overrides.get("learner") or values.get("learner") or cls.learner, {}))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(values)
 
@@ -211,6 +222,9 @@ class RunConfig:
 
         need(isinstance(self.env_id, str) and bool(self.env_id), "env_id", "must name a gymnasium environment")
         need(self.algo in ALGOS, "algo", f"{self.algo!r} is not one of {', '.join(ALGOS)}")
+        need(self.learner in LEARNERS, "learner", f"{self.learner!r} is not one of {', '.join(LEARNERS)}")
+        need(self.learner == "td3" or self.algo not in ("es", "opo"), "learner",
+             f"--algo {self.algo} trains no critic; a learner applies to aesrl, acemrl, cemrl, pcemrl and td3")
         need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
         need(self.var_rule in VAR_RULES, "var_rule", f"{self.var_rule!r} is not one of {', '.join(VAR_RULES)}")
         need(self.r != "auto", "r", "'auto' was removed; use 'adaptive', 'paper' or a number")
@@ -313,7 +327,7 @@ class RunConfig:
 
         Cached: hashed again only when one of those fields changed (resolve() fills the dims)."""
         key = (self.env_id, repr(self.env_kwargs), self.obs_dim, self.act_dim, self.max_action, tuple(self.hidden),
-               self.activation, tuple(self.critic_hidden), self.critic_activation)
+               self.activation, tuple(self.critic_hidden), self.critic_activation, self.learner)
         cached = self.__dict__.get("_spec_hash")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -334,6 +348,8 @@ class RunConfig:
             "critic_hidden": list(self.critic_hidden),
             "critic_activation": self.critic_activation,
         }
+        if self.learner != "td3":  # the critic's kind; td3 runs keep the hash they always had
+            spec["learner"] = self.learner
         blob = msgpack.packb(spec, use_bin_type=True)
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -1,11 +1,10 @@
-"""TD3 building blocks shared by the critic daemon, the RL jobs and the TD3 baseline.
+"""TD3 building blocks shared by the learners (aesrl_queue.learners), the RL jobs and the TD3 baseline.
 
-Critic/actor update steps, target updates, actor training from a flat vector, a TD3 agent, a replay buffer.
+Critic/actor update steps, target updates, actor training from a flat vector, a replay buffer.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -149,8 +148,10 @@ def train_actor(
     batch_size: int = 256,
     lr: float = 1e-3,
     device: str | torch.device = "cpu",
+    betas: tuple[float, float] = (0.9, 0.999),
 ) -> np.ndarray:
-    """Train an actor from flat_params against a fixed critic's Q1 with a fresh Adam (an RL job).
+    """Train an actor from flat_params against a fixed critic's Q1 with a fresh Adam (an RL job; the
+    learner gives the critic and Adam's betas).
 
     The critic is moved to device and left with requires_grad as it was. Returns float32 params.
     """
@@ -161,7 +162,7 @@ def train_actor(
     set_flat(actor, flat_params)
     actor.to(device)
     critic.to(device)
-    opt = torch.optim.Adam(actor.parameters(), lr=lr)
+    opt = torch.optim.Adam(actor.parameters(), lr=lr, betas=betas)
     loss = None
     for step in range(steps):
         obs = sample_obs(batch_size)
@@ -183,58 +184,6 @@ def train_actor(
     if loss is not None:
         log.debug("train_actor: %d steps, last loss %.4g", steps, float(loss))
     return flat
-
-
-class TD3Agent:
-    """TD3 (Fujimoto et al.) for the baseline: critic every step, actor and both targets every policy_freq."""
-
-    def __init__(
-        self,
-        spec: NetSpec,
-        lr: float = 3e-4,
-        gamma: float = 0.99,
-        tau: float = 0.005,
-        policy_noise: float = 0.2,
-        noise_clip: float = 0.5,
-        policy_freq: int = 2,
-        device: str | torch.device = "cpu",
-    ) -> None:
-        if policy_freq < 1:
-            raise ValueError(f"policy_freq must be >= 1, got {policy_freq}")
-        self.spec = spec
-        self.device = torch.device(device)
-        self.gamma, self.tau = float(gamma), float(tau)
-        self.policy_noise, self.noise_clip = float(policy_noise), float(noise_clip)
-        self.policy_freq = int(policy_freq)
-        self.actor = spec.make_actor(self.device)
-        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critic = spec.make_critic(self.device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr)
-        self.total_it = 0
-
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One TD3 iteration; returns critic loss, q1_mean and (on policy steps) actor_loss."""
-        stats = critic_step(
-            self.critic, self.critic_target, self.critic_opt, self.actor_target, batch,
-            self.gamma, self.tau, self.policy_noise, self.noise_clip, self.spec.max_action,
-            update_target=False, generator=None,
-        )
-        self.total_it += 1
-        if self.total_it % self.policy_freq == 0:
-            actor_loss = _actor_step(self.actor, self.critic, self.actor_opt, batch["obs"])
-            soft_update(self.critic_target, self.critic, self.tau)
-            soft_update(self.actor_target, self.actor, self.tau)
-            stats = torch.cat([stats, actor_loss.reshape(1)])
-        values = stats.tolist()
-        out = {"loss": values[0], "q1_mean": values[1]}
-        if len(values) > 2:
-            out["actor_loss"] = values[2]
-        return out
-
-    def actor_params(self) -> np.ndarray:
-        return get_flat(self.actor)
 
 
 class ReplayBuffer:
@@ -343,9 +292,9 @@ class ReplayBuffer:
 
 
 def to_numpy(obj: Any) -> Any:
-    """Tensors to numpy arrays, recursively (optimizer state → msgpack-able)."""
+    """Tensors to numpy arrays (copies), recursively (optimizer state → msgpack-able)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().numpy()
+        return obj.detach().cpu().numpy().copy()  # a CPU tensor would share its memory with the live state
     if isinstance(obj, dict):
         return {k: to_numpy(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

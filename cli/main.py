@@ -21,6 +21,7 @@ import click
 from aesrl_queue.codec import CodecError, json_default
 from aesrl_queue.config import (
     ALGOS,
+    LEARNERS,
     MEAN_RULES,
     R_MODES,
     SHIFT_MODES,
@@ -116,6 +117,9 @@ def config_options(f):
         click.option("--initial-steps", type=int, default=None, help=f"Random-action steps before the first RL job ({_preset_default('initial_steps', '{:,}'.format)})."),
         click.option("--hidden", default=None, help=f"Actor hidden sizes, e.g. 400,300 ({_preset_default('hidden', _sizes)})."),
         click.option("--critic-hidden", default=None, help="Critic hidden sizes, e.g. 400,300."),
+        click.option("--learner", type=click.Choice(LEARNERS), default=None,
+                     help="Off-policy learner of the critic daemon, the RL jobs and td3: td3 (default, the "
+                          "paper's) or crossq (batch-renormalised 2048-2048 critics, no target networks)."),
         click.option("--parallel-critic/--serial-critic", "parallel_critic", default=None,
                      help="pcemrl: train the critic in the critic daemon while jobs run (default: serial, "
                           "between generations)."),

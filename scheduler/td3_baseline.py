@@ -19,16 +19,14 @@ import redis
 import torch
 
 import aesrl_queue.envs  # noqa: F401  (registers the Aesrl* test environments)
-from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
-from aesrl_queue.nets import NetSpec, get_flat, set_flat
+from aesrl_queue.learners import Agent
+from aesrl_queue.nets import NetSpec, get_flat
 from aesrl_queue.rollout import run_episodes
 from aesrl_queue.store import Store
-from aesrl_queue.td3 import ReplayBuffer, TD3Agent, pick_device, to_numpy, to_tensors
+from aesrl_queue.td3 import ReplayBuffer, pick_device
 
 log = logging.getLogger(__name__)
-
-POLICY_FREQ = 2  # TD3's delayed actor/target updates (every second critic step)
 
 
 class TD3Baseline:
@@ -57,9 +55,9 @@ class TD3Baseline:
             self.cfg = cfg = store.config()
         torch.manual_seed(cfg.seed)
         self.spec = NetSpec.from_config(cfg)
-        self.agent = TD3Agent(self.spec, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau,
-                              policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip,
-                              policy_freq=POLICY_FREQ, device=self.device)
+        # the learner's own policy delay: TD3's every second critic step, CrossQ's every third
+        self.agent = Agent(self.spec, cfg.learner, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau,
+                           policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip, device=self.device)
         self.replay = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
         state = store.state()
         self.total, self.episodes, self.version = state["steps"], state["results_applied"], state["version"]
@@ -80,11 +78,7 @@ class TD3Baseline:
             return
         ckpt = store.load_checkpoint("td3")
         if ckpt is not None:
-            for name in ("actor", "actor_target", "critic", "critic_target"):
-                set_flat(getattr(self.agent, name), codec.check_array(ckpt[name], what=f"td3 checkpoint {name}"))
-            self.agent.actor_opt.load_state_dict(to_tensors(ckpt["actor_opt"], self.agent.device))
-            self.agent.critic_opt.load_state_dict(to_tensors(ckpt["critic_opt"], self.agent.device))
-            self.agent.total_it = int(ckpt["total_it"])
+            self.agent.load_state(ckpt)
             self.updates = int(ckpt["updates"])
         for entry_id, fields in self._replay_entries():
             ep = store.decode_episode(entry_id, fields)
@@ -106,12 +100,8 @@ class TD3Baseline:
             after = rows[-1][0]
 
     def checkpoint(self, pipe=None) -> None:
-        agent = self.agent
         self.store.save_checkpoint("td3", {
-            "actor": get_flat(agent.actor), "actor_target": get_flat(agent.actor_target),
-            "critic": get_flat(agent.critic), "critic_target": get_flat(agent.critic_target),
-            "actor_opt": to_numpy(agent.actor_opt.state_dict()), "critic_opt": to_numpy(agent.critic_opt.state_dict()),
-            "total_it": agent.total_it, "updates": self.updates, "total": self.total, "episodes": self.episodes,
+            **self.agent.state(), "updates": self.updates, "total": self.total, "episodes": self.episodes,
             "t": time.time()}, pipe=pipe)
         self._last_ckpt = time.monotonic()
 

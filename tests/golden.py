@@ -112,13 +112,13 @@ def td3_trace(steps: int = 12) -> list[dict[str, Any]]:
     """The TD3 baseline's agent at the td3 defaults, trained on one fixed batch of made-up transitions."""
     import torch
 
+    from aesrl_queue.learners import Agent
     from aesrl_queue.nets import NetSpec
-    from aesrl_queue.td3 import TD3Agent
 
     cfg = config("td3")
     spec = NetSpec.from_config(cfg)
     torch.manual_seed(3)
-    agent = TD3Agent(spec, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
+    agent = Agent(spec, "td3", lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
                      noise_clip=cfg.noise_clip)
     g = torch.Generator().manual_seed(11)
     n = 64

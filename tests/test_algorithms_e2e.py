@@ -368,3 +368,33 @@ def test_td3_runs_alone_and_updates_once_per_env_step(cluster, tmp_path) -> None
     assert data["algo"] == "td3" and data["status"] == "finished" and data["steps"] == steps
     metrics = Path(tmp_path / run / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == len(history)
+
+
+# -- another learner ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_td3_and_aesrl_run_with_the_crossq_learner(cluster, tmp_path) -> None:
+    """`--learner crossq` end to end: td3 alone trains its batch-renormalised critic with a policy step
+    every third update; aesrl's critic daemon publishes it and RL jobs climb it."""
+    crossq = ("--learner", "crossq", "--hidden", "16,16", "--critic-hidden", "32,32", "--seed", "5")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "run", "--redis-url", cluster["url"], "--config", cluster["config"],
+         "--algo", "td3", "--run-id", "alg-td3-crossq", "--steps", "1000", "--out", str(tmp_path), *crossq],
+        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = collect(cluster["client"], "alg-td3-crossq")
+    check_common(out, 1000)
+    store = out["store"]
+    assert store.config().learner == "crossq" and int(store.state_field("td3_updates")) == 600
+    ckpt = store.load_checkpoint("td3")
+    assert ckpt["total_it"] == 600 and "critic_stats" in ckpt and "actor_target" not in ckpt
+
+    steps = 3000
+    out = run_scheduler(cluster, "aesrl", "alg-aesrl-crossq", steps, "--initial-steps", "400", "--r", "200",
+                        "--learner", "crossq")
+    check_common(out, steps)
+    st = out["state"]
+    assert st["rl_applied"] > 0 and st["critic_version"] > 0, st
+    weights = out["store"].read_critic()[1]
+    assert set(weights) == {"critic", "critic_stats"}
+    rl = [r["res"] for r in out["results"] if r["res"].kind == "rl" and r["res"].ok]
+    assert rl and all(r.dist_after > 0 for r in rl)

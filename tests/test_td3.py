@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from aesrl_queue.learners import Agent
 from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.td3 import (
     ReplayBuffer,
-    TD3Agent,
     actor_update,
     critic_update,
     hard_update,
@@ -137,7 +137,8 @@ def test_train_actor_returns_new_vector():
 
 
 def test_td3_agent_policy_delay():
-    agent = TD3Agent(SPEC, policy_freq=2)
+    agent = Agent(SPEC, "td3", policy_freq=2)
+    agent.critic, agent.critic_target = agent.learner.critic, agent.learner.critic_target
     batch = _batch()
     actor0, critic0 = get_flat(agent.actor), get_flat(agent.critic)
     actor_t0, critic_t0 = get_flat(agent.actor_target), get_flat(agent.critic_target)
@@ -236,7 +237,7 @@ def test_td3_agent_trains_from_replay():
     rb = ReplayBuffer(SPEC.obs_dim, SPEC.act_dim, capacity=100)
     b = _batch(100)
     rb.add_batch(*(b[k].numpy() for k in ("obs", "act", "rew", "next_obs", "done")))
-    agent = TD3Agent(SPEC, lr=1e-3)
+    agent = Agent(SPEC, "td3", lr=1e-3)
     g = torch.Generator().manual_seed(0)
     losses = [agent.train_step(rb.sample(32, generator=g))["loss"] for _ in range(100)]
     assert all(np.isfinite(losses))
@@ -285,9 +286,9 @@ def test_critic_daemon_with_critic_shift_learns_the_rewards_less_the_shift(clien
         d.train_chunk(3)
         return d
 
-    shifted = get_flat(daemon("cs-shifted", True, 0.0).critic)
-    by_hand = get_flat(daemon("cs-by-hand", False, -2.0).critic)
-    plain = get_flat(daemon("cs-plain", False, 0.0).critic)
+    shifted = get_flat(daemon("cs-shifted", True, 0.0).learner.critic)
+    by_hand = get_flat(daemon("cs-by-hand", False, -2.0).learner.critic)
+    plain = get_flat(daemon("cs-plain", False, 0.0).learner.critic)
     np.testing.assert_allclose(shifted, by_hand, rtol=0, atol=1e-6)
     assert np.abs(shifted - plain).max() > 1e-3
 

@@ -1,7 +1,7 @@
-"""The critic daemon: mirrors the replay stream onto its device, trains the TD3 twin critics with
-the current μ as target policy, and republishes the weights after every chunk.
+"""The critic daemon: mirrors the replay stream onto its device, trains the run's learner (TD3's twin
+critics, or CrossQ's) with the current μ as target policy, and republishes the weights after every chunk.
 
-Restartable: it reloads `critic:ckpt` (critic, target and Adam state) and rebuilds its mirror.
+Restartable: it reloads `critic:ckpt` (the learner's networks and Adam state) and rebuilds its mirror.
 """
 
 from __future__ import annotations
@@ -14,20 +14,12 @@ import numpy as np
 import redis
 import torch
 
-from aesrl_queue import codec
 from aesrl_queue.codec import CodecError
 from aesrl_queue.connection import wait_until_reachable
-from aesrl_queue.nets import NetSpec, get_flat, set_flat
+from aesrl_queue.learners import make_learner
+from aesrl_queue.nets import NetSpec, set_flat
 from aesrl_queue.store import Store
-from aesrl_queue.td3 import (
-    ReplayBuffer,
-    critic_step,
-    critic_update,
-    hard_update,
-    pick_device,
-    to_numpy,
-    to_tensors,
-)
+from aesrl_queue.td3 import ReplayBuffer, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +41,12 @@ class CriticDaemon:
         self.checkpoint_every = checkpoint_every
         cfg = self.cfg
         self.spec = NetSpec.from_config(cfg)
-        self.critic = self.spec.make_critic(self.device)
-        self.critic_target = self.spec.make_critic(self.device)
-        hard_update(self.critic_target, self.critic)
         # On CUDA one critic step is ~100 small kernels, and launching them from Python, not the GPU, sets
         # the pace (~300 steps/s on an H200 for 400-300). Captured once as a CUDA graph and replayed, the
         # same step runs ~7× as fast (docs/performance.md, bench/gpu.py). Adam keeps its step count on the
         # device for that (capturable).
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
-        self.opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, capturable=self.cuda_graph)
+        self.learner = make_learner(cfg, self.spec, self.device, capturable=self.cuda_graph)
         self.graph: torch.cuda.CUDAGraph | None = None
         if self.cuda_graph:  # what the graph reads and writes in place: the replay's size, [loss, Q1] sums
             self._size = torch.zeros((), device=self.device)
@@ -85,9 +74,7 @@ class CriticDaemon:
         if not ckpt:
             self.version = self.store.critic_version()
             return False
-        set_flat(self.critic, codec.check_array(ckpt["critic"], what="ckpt critic"))
-        set_flat(self.critic_target, codec.check_array(ckpt["critic_target"], what="ckpt critic_target"))
-        self.opt.load_state_dict(to_tensors(ckpt["opt"], self.device))
+        self.learner.load_state(ckpt)
         self.version = max(int(ckpt["version"]), self.store.critic_version())
         self.trained = int(ckpt["trained"])
         log.info("critic of run %s restored: version %d, %d steps trained", self.cfg.run_id, self.version,
@@ -95,11 +82,8 @@ class CriticDaemon:
         return True
 
     def checkpoint(self) -> None:
-        self.store.save_checkpoint("critic", {
-            "critic": get_flat(self.critic), "critic_target": get_flat(self.critic_target),
-            "opt": to_numpy(self.opt.state_dict()), "version": self.version, "trained": self.trained,
-            "t": time.time(),
-        })
+        self.store.save_checkpoint("critic", {**self.learner.state(), "version": self.version,
+                                              "trained": self.trained, "t": time.time()})
         self._last_ckpt = time.monotonic()
 
     # -- replay mirror ----------------------------------------------------------------------------
@@ -152,17 +136,13 @@ class CriticDaemon:
         t0 = time.perf_counter()
         for _ in range(n):
             batch = self.buffer.sample(cfg.batch_size, generator=self.gen)
-            out = critic_update(self.critic, self.critic_target, self.opt, self.target_actor, batch,
-                                gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
-                                noise_clip=cfg.noise_clip, max_action=cfg.max_action)
-            losses.append(out["loss"])
-        return self._chunk_done(n, t0, float(np.mean(losses)), float(out["q1_mean"]))
+            loss, q1_mean = self.learner.critic_step(batch, self.target_actor).tolist()
+            losses.append(loss)
+        return self._chunk_done(n, t0, float(np.mean(losses)), q1_mean)
 
     def _graph_step(self) -> torch.Tensor:
         cfg = self.cfg
-        stats = critic_step(self.critic, self.critic_target, self.opt, self.target_actor,
-                             self.buffer.sample_in_graph(cfg.batch_size, self._size), cfg.gamma, cfg.tau,
-                             cfg.policy_noise, cfg.noise_clip, cfg.max_action, True, None)
+        stats = self.learner.critic_step(self.buffer.sample_in_graph(cfg.batch_size, self._size), self.target_actor)
         self._sums.add_(stats)
         return stats
 
@@ -176,7 +156,7 @@ class CriticDaemon:
                 self._graph_step()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        self.opt.zero_grad(set_to_none=True)
+        self.learner.opt.zero_grad(set_to_none=True)
         with torch.cuda.graph(graph):
             self._graph_step()
         self.graph = graph
@@ -206,8 +186,7 @@ class CriticDaemon:
     def publish(self, stats: dict[str, float]) -> None:
         self.version += 1
         pipe = self.r.pipeline()
-        self.store.publish_critic(self.version, {"critic": get_flat(self.critic),
-                                                 "critic_target": get_flat(self.critic_target)}, pipe=pipe)
+        self.store.publish_critic(self.version, self.learner.weights(), pipe=pipe)
         self.store.set_state(pipe=pipe, critic_version=self.version, critic_steps=self.trained,
                              critic_loss=stats["loss"], critic_updated_at=time.time(),
                              critic_steps_per_s=round(self.steps_per_s, 1), critic_device=str(self.device),

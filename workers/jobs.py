@@ -129,21 +129,19 @@ class _RunContext:
             if got is None:
                 raise JobRejected("critic weights are missing")
             version, weights = got
-            from aesrl_queue.nets import set_flat
+            from aesrl_queue.learners import learner_class
 
-            critic = self.torch_spec().make_critic(device)
-            set_flat(critic, codec.check_array(weights.get("critic"), what="critic weights"))
-            for p in critic.parameters():
-                p.requires_grad_(False)
+            critic = learner_class(self.cfg.learner).critic_for_actor(self.torch_spec(), weights, device)
             self.critic, self.critic_version = critic, version
         return self.critic
 
 
     def train(self, z: np.ndarray, seed: int, steps: int) -> np.ndarray:
-        """An RL job's individual: z after `steps` TD3 actor steps against the run's critic, on states
+        """An RL job's individual: z after `steps` actor steps against the run's critic, on states
         of the replay. Seeded by the job seed alone, so a job evaluated again trains the same actor."""
         import torch
 
+        from aesrl_queue.learners import learner_class
         from aesrl_queue.td3 import train_actor
 
         device = _device()
@@ -157,7 +155,7 @@ class _RunContext:
             torch.manual_seed(seed % (2**31))
             z = train_actor(z, self.torch_spec(), critic, lambda n: self.mirror.sample(n, generator=gen)["obs"],
                             steps=max(1, steps), batch_size=self.cfg.batch_size, lr=self.cfg.actor_lr,
-                            device=device)
+                            device=device, betas=learner_class(self.cfg.learner).betas)
         if not np.all(np.isfinite(z)):
             raise JobRejected("RL training produced non-finite parameters")
         return z

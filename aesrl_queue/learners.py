@@ -1,0 +1,327 @@
+"""The off-policy learners: what trains the critic, and how an actor climbs it.
+
+A `Learner` owns the critic of a run (its networks, any target copies, its optimizer) and is the one
+place the critic daemon, the RL jobs' actor steps and the `td3` baseline go through:
+
+- `critic_step(batch, target_actor)`: one critic update toward r + γ·min Q(s', π'(s') + noise), with
+  π' the target policy (μ in the daemon, the actor or its target copy in the `td3` baseline). It
+  returns [loss, mean Q1] as a tensor on the device, never syncing with the host, so the daemon can
+  capture it as a CUDA graph.
+- `after_actor_step()`: what follows a delayed policy step (TD3 soft-updates its target copies).
+- `weights()` / `critic_for_actor(spec, weights, device)`: what the daemon publishes and what an RL job
+  rebuilds from it: a frozen critic whose `q1(s, a)` the actor climbs.
+- `state()` / `load_state()`: the checkpoint, with the optimizer, so a restarted daemon resumes.
+- `betas`, `policy_delay`: how an actor is trained against it (Adam's betas, critic steps per
+  policy step).
+
+Actors stay deterministic MLPs kept as flat vectors (ES perturbs them), whatever the learner.
+
+Learners:
+- `td3` (Fujimoto et al. 2018): twin critics with target copies, soft-updated by tau; the paper's.
+- `crossq` (Bhatt et al., ICLR 2024), with TD3's deterministic actor: no target networks; Batch
+  Renormalization in the critic, whose one forward pass takes (s, a) and (s', a') together so both
+  see the same batch statistics; wide critics (2048-2048); Adam with β1 = 0.5; a policy step every
+  third critic step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aesrl_queue import codec
+from aesrl_queue.nets import NetSpec, _torch_activation, get_flat, set_flat
+from aesrl_queue.td3 import _actor_step, soft_update, to_numpy, to_tensors
+from aesrl_queue.td3 import critic_step as td3_critic_step
+
+
+class TD3Learner:
+    """TD3's twin critics and their target copies (the paper's learner)."""
+
+    name = "td3"
+    policy_delay = 2
+    has_targets = True  # the baseline keeps a target copy of its actor too
+    betas = (0.9, 0.999)
+
+    def __init__(self, spec: NetSpec, *, lr: float, gamma: float, tau: float, policy_noise: float,
+                 noise_clip: float, device: str | torch.device = "cpu", capturable: bool = False,
+                 delayed_targets: bool = False) -> None:
+        self.spec, self.device = spec, torch.device(device)
+        self.gamma, self.tau = float(gamma), float(tau)
+        self.policy_noise, self.noise_clip = float(policy_noise), float(noise_clip)
+        # the daemon soft-updates the targets after every critic step; the baseline after each policy step
+        self.delayed_targets = delayed_targets
+        self.critic = spec.make_critic(self.device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.opt = torch.optim.Adam(self.critic.parameters(), lr=lr, capturable=capturable)
+
+    def critic_step(self, batch: dict[str, torch.Tensor], target_actor: nn.Module,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+        return td3_critic_step(self.critic, self.critic_target, self.opt, target_actor, batch, self.gamma,
+                               self.tau, self.policy_noise, self.noise_clip, self.spec.max_action,
+                               not self.delayed_targets, generator)
+
+    def after_actor_step(self) -> None:
+        if self.delayed_targets:
+            soft_update(self.critic_target, self.critic, self.tau)
+
+    def actor_critic(self) -> nn.Module:
+        """The critic an actor step climbs (its q1)."""
+        return self.critic
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {"critic": get_flat(self.critic), "critic_target": get_flat(self.critic_target)}
+
+    @staticmethod
+    def critic_for_actor(spec: NetSpec, weights: dict[str, Any], device: str | torch.device) -> nn.Module:
+        critic = spec.make_critic(device)
+        set_flat(critic, codec.check_array(weights.get("critic"), what="critic weights"))
+        return critic.requires_grad_(False)
+
+    def state(self) -> dict[str, Any]:
+        return {**self.weights(), "opt": to_numpy(self.opt.state_dict())}
+
+    def load_state(self, ckpt: dict[str, Any]) -> None:
+        set_flat(self.critic, codec.check_array(ckpt["critic"], what="ckpt critic"))
+        set_flat(self.critic_target, codec.check_array(ckpt["critic_target"], what="ckpt critic_target"))
+        self.opt.load_state_dict(to_tensors(ckpt["opt"], self.device))
+
+
+class BatchRenorm(nn.Module):
+    """Batch Renormalization (Ioffe 2017) over the features of a (B, F) batch.
+
+    Training normalises by the batch's statistics corrected toward the running ones (r, d, clipped to
+    r_max, d_max, which open from 1 and 0 over `warmup` training steps, so it starts as batch norm);
+    evaluation by the running statistics alone. The step count is a tensor, so a CUDA graph can replay it."""
+
+    def __init__(self, features: int, momentum: float = 0.01, eps: float = 1e-3, warmup: int = 100_000,
+                 r_max: float = 3.0, d_max: float = 5.0) -> None:
+        super().__init__()
+        self.momentum, self.eps, self.warmup = momentum, eps, warmup
+        self.r_max, self.d_max = r_max, d_max
+        self.weight = nn.Parameter(torch.ones(features))
+        self.bias = nn.Parameter(torch.zeros(features))
+        self.register_buffer("running_mean", torch.zeros(features))
+        self.register_buffer("running_var", torch.ones(features))
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            x = (x - self.running_mean) / torch.sqrt(self.running_var + self.eps)
+            return x * self.weight + self.bias
+        mean = x.mean(0)
+        var = x.var(0, unbiased=False)
+        std = torch.sqrt(var + self.eps)
+        with torch.no_grad():
+            running_std = torch.sqrt(self.running_var + self.eps)
+            ramp = (self.steps / self.warmup).clamp(0.0, 1.0)
+            r_max = 1.0 + (self.r_max - 1.0) * ramp
+            d_max = self.d_max * ramp
+            r = torch.minimum(torch.maximum(std / running_std, 1.0 / r_max), r_max)
+            d = torch.minimum(torch.maximum((mean - self.running_mean) / running_std, -d_max), d_max)
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var, self.momentum)
+            self.steps.add_(1.0)
+        x = (x - mean) / std * r + d
+        return x * self.weight + self.bias
+
+
+class BRNCritic(nn.Module):
+    """CrossQ's twin critics: Batch Renormalization on the input and after every hidden layer."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], activation: str) -> None:
+        super().__init__()
+        self.obs_dim, self.act_dim = int(obs_dim), int(act_dim)
+        self.hidden, self.activation = tuple(hidden), activation
+        sizes = (self.obs_dim + self.act_dim, *hidden)
+        self._act = _torch_activation(activation)
+
+        def head() -> nn.ModuleList:
+            layers: list[nn.Module] = [BatchRenorm(sizes[0])]
+            for i, o in zip(sizes[:-1], sizes[1:], strict=True):
+                layers += [nn.Linear(i, o), BatchRenorm(o)]
+            layers.append(nn.Linear(sizes[-1], 1))
+            return nn.ModuleList(layers)
+
+        self.head1, self.head2 = head(), head()
+
+    def _head(self, layers: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        x = layers[0](x)
+        for i in range(1, len(layers) - 1, 2):
+            x = self._act(layers[i + 1](layers[i](x)))
+        return layers[-1](x)
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs, act], dim=-1)
+        return self._head(self.head1, x), self._head(self.head2, x)
+
+    def q1(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return self._head(self.head1, torch.cat([obs, act], dim=-1))
+
+
+def _buffers(module: nn.Module) -> np.ndarray:
+    with torch.no_grad():
+        return torch.cat([b.reshape(-1) for b in module.buffers()]).to("cpu", torch.float32).numpy().copy()
+
+
+def _set_buffers(module: nn.Module, flat: np.ndarray) -> None:
+    arr = torch.from_numpy(np.asarray(flat, dtype=np.float32).reshape(-1))
+    want = sum(b.numel() for b in module.buffers())
+    if arr.numel() != want:
+        raise ValueError(f"critic statistics have length {arr.numel()}, expected {want}")
+    pos = 0
+    with torch.no_grad():
+        for b in module.buffers():
+            b.copy_(arr[pos:pos + b.numel()].view_as(b))
+            pos += b.numel()
+
+
+class CrossQLearner:
+    """CrossQ with a deterministic actor: no target networks, batch-renormalised twin critics."""
+
+    name = "crossq"
+    policy_delay = 3
+    has_targets = False
+    betas = (0.5, 0.999)
+
+    def __init__(self, spec: NetSpec, *, lr: float, gamma: float, tau: float, policy_noise: float,
+                 noise_clip: float, device: str | torch.device = "cpu", capturable: bool = False,
+                 delayed_targets: bool = False) -> None:
+        del tau, delayed_targets  # no target networks
+        self.spec, self.device = spec, torch.device(device)
+        self.gamma, self.policy_noise, self.noise_clip = float(gamma), float(policy_noise), float(noise_clip)
+        self.critic = self.make_critic(spec, self.device)
+        self.opt = torch.optim.Adam(self.critic.parameters(), lr=lr, betas=self.betas, capturable=capturable)
+
+    @staticmethod
+    def make_critic(spec: NetSpec, device: str | torch.device) -> BRNCritic:
+        return BRNCritic(spec.obs_dim, spec.act_dim, spec.critic_hidden, spec.critic_activation).to(device)
+
+    def critic_step(self, batch: dict[str, torch.Tensor], target_actor: nn.Module,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+        obs, act, next_obs = batch["obs"], batch["act"], batch["next_obs"]
+        rew, done = batch["rew"].reshape(-1, 1), batch["done"].reshape(-1, 1)
+        max_action = self.spec.max_action
+        with torch.no_grad():
+            noise = torch.randn(act.shape, generator=generator, device=act.device, dtype=act.dtype)
+            noise = (noise * self.policy_noise).clamp_(-self.noise_clip, self.noise_clip)
+            next_act = (target_actor(next_obs) + noise).clamp_(-max_action, max_action)
+        self.critic.train()
+        # (s, a) and (s', a') in one pass: both are normalised by the statistics of their union
+        q1_all, q2_all = self.critic(torch.cat([obs, next_obs]), torch.cat([act, next_act]))
+        n = obs.shape[0]
+        q1, q2 = q1_all[:n], q2_all[:n]
+        next_q = torch.min(q1_all[n:], q2_all[n:]).detach()
+        y = rew + self.gamma * (1.0 - done) * next_q
+        loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.critic.eval()
+        return torch.stack([loss.detach(), q1.detach().mean()])
+
+    def after_actor_step(self) -> None:
+        pass
+
+    def actor_critic(self) -> nn.Module:
+        self.critic.eval()  # an actor climbs the critic as evaluated, on its running statistics
+        return self.critic
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {"critic": get_flat(self.critic), "critic_stats": _buffers(self.critic)}
+
+    @classmethod
+    def critic_for_actor(cls, spec: NetSpec, weights: dict[str, Any], device: str | torch.device) -> nn.Module:
+        critic = cls.make_critic(spec, device)
+        set_flat(critic, codec.check_array(weights.get("critic"), what="critic weights"))
+        _set_buffers(critic, codec.check_array(weights.get("critic_stats"), what="critic statistics"))
+        return critic.eval().requires_grad_(False)
+
+    def state(self) -> dict[str, Any]:
+        return {**self.weights(), "opt": to_numpy(self.opt.state_dict())}
+
+    def load_state(self, ckpt: dict[str, Any]) -> None:
+        set_flat(self.critic, codec.check_array(ckpt["critic"], what="ckpt critic"))
+        _set_buffers(self.critic, codec.check_array(ckpt["critic_stats"], what="ckpt critic statistics"))
+        self.opt.load_state_dict(to_tensors(ckpt["opt"], self.device))
+
+
+_CLASSES = {"td3": TD3Learner, "crossq": CrossQLearner}
+
+
+def learner_class(name: str):
+    try:
+        return _CLASSES[name]
+    except KeyError:
+        raise ValueError(f"unknown learner {name!r}; one of {', '.join(_CLASSES)}") from None
+
+
+def make_learner(cfg, spec: NetSpec, device: str | torch.device = "cpu", capturable: bool = False,
+                 delayed_targets: bool = False):
+    """The run's learner (cfg.learner) with its settings."""
+    return learner_class(getattr(cfg, "learner", "td3"))(
+        spec, lr=cfg.critic_lr, gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
+        noise_clip=cfg.noise_clip, device=device, capturable=capturable, delayed_targets=delayed_targets)
+
+
+class Agent:
+    """A learner with its own actor, for the `td3` baseline (one process, no workers): a critic step
+    per call, and a policy step every `policy_delay` of them (then TD3's targets follow)."""
+
+    def __init__(self, spec: NetSpec, learner: str = "td3", lr: float = 3e-4, gamma: float = 0.99,
+                 tau: float = 0.005, policy_noise: float = 0.2, noise_clip: float = 0.5,
+                 policy_freq: int | None = None, device: str | torch.device = "cpu") -> None:
+        cls = learner_class(learner)
+        self.policy_freq = int(policy_freq or cls.policy_delay)
+        if self.policy_freq < 1:
+            raise ValueError(f"policy_freq must be >= 1, got {policy_freq}")
+        self.spec, self.device, self.tau = spec, torch.device(device), float(tau)
+        self.actor = spec.make_actor(self.device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if cls.has_targets else None
+        self.learner = cls(spec, lr=lr, gamma=gamma, tau=tau, policy_noise=policy_noise, noise_clip=noise_clip,
+                           device=self.device, delayed_targets=True)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, betas=cls.betas)
+        self.total_it = 0
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One iteration; returns critic loss, q1_mean and (on policy steps) actor_loss."""
+        target = self.actor if self.actor_target is None else self.actor_target
+        stats = self.learner.critic_step(batch, target)
+        self.total_it += 1
+        if self.total_it % self.policy_freq == 0:
+            actor_loss = _actor_step(self.actor, self.learner.actor_critic(), self.actor_opt, batch["obs"])
+            self.learner.after_actor_step()
+            if self.actor_target is not None:
+                soft_update(self.actor_target, self.actor, self.tau)
+            stats = torch.cat([stats, actor_loss.reshape(1)])
+        values = stats.tolist()
+        out = {"loss": values[0], "q1_mean": values[1]}
+        if len(values) > 2:
+            out["actor_loss"] = values[2]
+        return out
+
+    def actor_params(self) -> np.ndarray:
+        return get_flat(self.actor)
+
+    def state(self) -> dict[str, Any]:
+        """The checkpoint: the actor (and its target), both optimizers and the learner's critic."""
+        out = {f"critic_{k}" if k == "opt" else k: v for k, v in self.learner.state().items()}
+        out.update(actor=get_flat(self.actor), actor_opt=to_numpy(self.actor_opt.state_dict()),
+                   total_it=self.total_it)
+        if self.actor_target is not None:
+            out["actor_target"] = get_flat(self.actor_target)
+        return out
+
+    def load_state(self, ckpt: dict[str, Any]) -> None:
+        set_flat(self.actor, codec.check_array(ckpt["actor"], what="checkpoint actor"))
+        if self.actor_target is not None:
+            set_flat(self.actor_target, codec.check_array(ckpt["actor_target"], what="checkpoint actor_target"))
+        self.actor_opt.load_state_dict(to_tensors(ckpt["actor_opt"], self.device))
+        self.learner.load_state({**ckpt, "opt": ckpt["critic_opt"]})
+        self.total_it = int(ckpt["total_it"])

@@ -1,0 +1,134 @@
+"""The learners (aesrl_queue/learners.py): each trains its critic, publishes what an RL job rebuilds,
+and resumes from its checkpoint to the same bits; CrossQ's critic normalises (s, a) and (s', a')
+together and has no target copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aesrl_queue.config import LEARNER_DEFAULTS, ConfigError, RunConfig
+from aesrl_queue.learners import Agent, BatchRenorm, learner_class
+from aesrl_queue.nets import NetSpec, get_flat
+from aesrl_queue.td3 import train_actor
+
+SPEC = NetSpec(obs_dim=4, act_dim=2, max_action=1.0, hidden=(16, 16), critic_hidden=(32, 32),
+               critic_activation="relu")
+KW = {"lr": 1e-3, "gamma": 0.99, "tau": 0.005, "policy_noise": 0.2, "noise_clip": 0.5}
+
+
+def _batch(n: int = 64, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(n, SPEC.obs_dim, generator=g)
+    act = torch.rand(n, SPEC.act_dim, generator=g) * 2 - 1
+    # a reward the critic can learn: a function of the state and action
+    rew = obs[:, 0] - act[:, 0] ** 2
+    return {"obs": obs, "act": act, "rew": rew, "next_obs": torch.randn(n, SPEC.obs_dim, generator=g),
+            "done": torch.zeros(n)}
+
+
+@pytest.mark.parametrize("name", ["td3", "crossq"])
+def test_each_learner_lowers_its_loss_and_resumes_bit_for_bit(name) -> None:
+    torch.manual_seed(0)
+    cls = learner_class(name)
+    learner = cls(SPEC, **KW)
+    actor = SPEC.make_actor()
+    batch = _batch()
+    first = [learner.critic_step(batch, actor).tolist()[0] for _ in range(5)]
+    saved = learner.state()
+    rest = [learner.critic_step(batch, actor).tolist()[0] for _ in range(200)]
+    assert np.mean(rest[-10:]) < 0.5 * np.mean(first)
+    # a learner restored from the checkpoint takes the same steps as the one that went on
+    again = cls(SPEC, **KW)
+    again.load_state(saved)
+    torch.manual_seed(1)
+    a = [learner.critic_step(batch, actor).tolist()[0] for _ in range(3)]
+    learner.load_state(saved)
+    torch.manual_seed(1)
+    b = [again.critic_step(batch, actor).tolist()[0] for _ in range(3)]
+    assert a != rest[:3]
+    torch.manual_seed(1)
+    c = [learner.critic_step(batch, actor).tolist()[0] for _ in range(3)]
+    assert b == c
+
+
+@pytest.mark.parametrize("name", ["td3", "crossq"])
+def test_an_rl_job_rebuilds_the_published_critic(name) -> None:
+    torch.manual_seed(0)
+    cls = learner_class(name)
+    learner = cls(SPEC, **KW)
+    actor = SPEC.make_actor()
+    for _ in range(20):
+        learner.critic_step(_batch(seed=_), actor)
+    obs, act = torch.randn(8, SPEC.obs_dim), torch.rand(8, SPEC.act_dim)
+    with torch.no_grad():
+        want = learner.actor_critic().q1(obs, act)
+        got = cls.critic_for_actor(SPEC, learner.weights(), "cpu").q1(obs, act)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the job's actor climbs it with the learner's Adam
+    flat = get_flat(actor)
+    new = train_actor(flat, SPEC, cls.critic_for_actor(SPEC, learner.weights(), "cpu"),
+                      lambda n: torch.randn(n, SPEC.obs_dim), steps=10, batch_size=16, betas=cls.betas)
+    assert not np.array_equal(new, flat)
+
+
+def test_crossq_normalises_both_halves_together_and_evaluates_on_running_statistics() -> None:
+    torch.manual_seed(0)
+    learner = learner_class("crossq")(SPEC, **KW)
+    critic = learner.critic
+    assert not hasattr(learner, "critic_target")
+    brn = critic.head1[0]
+    assert isinstance(brn, BatchRenorm)
+    batch = _batch()
+    batch["next_obs"] = batch["next_obs"] + 10.0  # next states far from the states
+    learner.critic_step(batch, SPEC.make_actor())
+    # the input layer's running mean moved toward the mean of s and s' together (about 5 in obs dims)
+    assert 0.03 < float(brn.running_mean[: SPEC.obs_dim].mean()) < 0.07
+    assert float(brn.steps) == 1.0
+    assert not critic.training  # left in evaluation mode: an actor step changes no statistics
+    stats = [b.clone() for b in critic.buffers()]
+    learner.actor_critic().q1(batch["obs"], batch["act"]).sum()
+    assert all(torch.equal(a, b) for a, b in zip(stats, critic.buffers(), strict=True))
+
+
+def test_batch_renorm_starts_as_batch_norm_and_clips_after_warmup() -> None:
+    brn = BatchRenorm(3, warmup=10)
+    x = torch.randn(256, 3) * 5 + 2
+    y = brn(x)  # step 0: r = 1, d = 0, plain batch norm
+    torch.testing.assert_close(y.mean(0), torch.zeros(3), atol=1e-4, rtol=0)
+    brn.steps.fill_(10.0)
+    brn.running_var.fill_(1.0)
+    brn.running_mean.zero_()
+    y = brn(x)  # r clipped to 3 (batch std 5 against running 1): the output's spread is 3
+    assert 2.5 < float(y.std(0).mean()) < 3.5
+
+
+@pytest.mark.parametrize("name", ["td3", "crossq"])
+def test_the_agent_takes_a_policy_step_every_policy_delay(name) -> None:
+    torch.manual_seed(0)
+    agent = Agent(SPEC, name, lr=1e-3)
+    actor0 = agent.actor_params()
+    delay = learner_class(name).policy_delay
+    for i in range(1, delay):
+        assert "actor_loss" not in agent.train_step(_batch(seed=i))
+    np.testing.assert_array_equal(agent.actor_params(), actor0)
+    assert "actor_loss" in agent.train_step(_batch(seed=delay))
+    assert not np.array_equal(agent.actor_params(), actor0)
+    assert (agent.actor_target is None) == (name == "crossq")
+
+
+def test_the_learner_setting_is_validated_and_brings_its_defaults() -> None:
+    cfg = RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq")
+    assert cfg.critic_hidden == LEARNER_DEFAULTS["crossq"]["critic_hidden"]
+    assert RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq", critic_hidden=(64, 64)).critic_hidden == (64, 64)
+    with pytest.raises(ConfigError, match="learner"):
+        RunConfig.from_preset("Pendulum-v1", algo="td3", learner="sac").validate()
+    with pytest.raises(ConfigError, match="trains no critic"):
+        RunConfig.from_preset("Pendulum-v1", algo="es", learner="crossq").validate()
+    # a td3 run keeps the spec hash it always had; another learner's critic is another spec
+    plain = RunConfig.from_preset("Pendulum-v1", algo="aesrl").resolve()
+    other = RunConfig.from_preset("Pendulum-v1", algo="aesrl", learner="crossq",
+                                  critic_hidden=plain.critic_hidden, critic_activation=plain.critic_activation,
+                                  critic_lr=plain.critic_lr, actor_lr=plain.actor_lr).resolve()
+    assert plain.spec_hash != other.spec_hash
