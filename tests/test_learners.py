@@ -132,3 +132,34 @@ def test_the_learner_setting_is_validated_and_brings_its_defaults() -> None:
                                   critic_hidden=plain.critic_hidden, critic_activation=plain.critic_activation,
                                   critic_lr=plain.critic_lr, actor_lr=plain.actor_lr).resolve()
     assert plain.spec_hash != other.spec_hash
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["td3", "crossq"])
+def test_a_step_captured_as_a_cuda_graph_computes_what_the_eager_step_does(name) -> None:
+    """The critic daemon's CUDA path: one critic step captured and replayed gives the eager step's
+    losses and weights (target noise off, so both draw nothing)."""
+    dev = "cuda"
+    kw = {**KW, "policy_noise": 0.0}
+    batch = {k: v.to(dev) for k, v in _batch().items()}
+    torch.manual_seed(0)
+    eager = learner_class(name)(SPEC, device=dev, capturable=True, **kw)
+    captured = learner_class(name)(SPEC, device=dev, capturable=True, **kw)
+    captured.load_state(eager.state())
+    actor = SPEC.make_actor(dev)
+    want = [eager.critic_step(batch, actor).tolist() for _ in range(8)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    got = []
+    with torch.cuda.stream(side):
+        got += [captured.critic_step(batch, actor).tolist() for _ in range(3)]
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    captured.opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        out = captured.critic_step(batch, actor)
+    for _ in range(5):
+        graph.replay()
+        got.append(out.tolist())
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(get_flat(captured.critic), get_flat(eager.critic), rtol=1e-4, atol=1e-5)
