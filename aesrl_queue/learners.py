@@ -276,7 +276,7 @@ class Agent:
 
     def __init__(self, spec: NetSpec, learner: str = "td3", lr: float = 3e-4, gamma: float = 0.99,
                  tau: float = 0.005, policy_noise: float = 0.2, noise_clip: float = 0.5,
-                 policy_freq: int | None = None, device: str | torch.device = "cpu") -> None:
+                 policy_freq: int | None = None, device: str | torch.device = "cpu", capturable: bool = False) -> None:
         cls = learner_class(learner)
         self.policy_freq = int(policy_freq or cls.policy_delay)
         if self.policy_freq < 1:
@@ -285,26 +285,58 @@ class Agent:
         self.actor = spec.make_actor(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if cls.has_targets else None
         self.learner = cls(spec, lr=lr, gamma=gamma, tau=tau, policy_noise=policy_noise, noise_clip=noise_clip,
-                           device=self.device, delayed_targets=True)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, betas=cls.betas)
+                           device=self.device, delayed_targets=True, capturable=capturable)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, betas=cls.betas, capturable=capturable)
         self.total_it = 0
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] | None = None
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One iteration; returns critic loss, q1_mean and (on policy steps) actor_loss."""
+        self.total_it += 1
+        values = self._iteration(batch, self.total_it % self.policy_freq == 0).tolist()
+        out = {"loss": values[0], "q1_mean": values[1]}
+        if len(values) > 2:
+            out["actor_loss"] = values[2]
+        return out
+
+    def _iteration(self, batch: dict[str, torch.Tensor], policy: bool) -> torch.Tensor:
         target = self.actor if self.actor_target is None else self.actor_target
         stats = self.learner.critic_step(batch, target)
-        self.total_it += 1
-        if self.total_it % self.policy_freq == 0:
+        if policy:
             actor_loss = _actor_step(self.actor, self.learner.actor_critic(), self.actor_opt, batch["obs"])
             self.learner.after_actor_step()
             if self.actor_target is not None:
                 soft_update(self.actor_target, self.actor, self.tau)
             stats = torch.cat([stats, actor_loss.reshape(1)])
-        values = stats.tolist()
-        out = {"loss": values[0], "q1_mean": values[1]}
-        if len(values) > 2:
-            out["actor_loss"] = values[2]
-        return out
+        return stats
+
+    def graph_step(self, replay, batch_size: int) -> None:
+        """One iteration on a CUDA device, sampled from `replay` and replayed from one of two captured
+        CUDA graphs (a critic step; a critic and a policy step): the same step as train_step, launched
+        as one call instead of a few hundred kernels. Nothing is read back. The optimizers must have
+        been made capturable (`Agent(..., capturable=True)`); the first policy_freq iterations run
+        eagerly, so that Adam's state exists before the capture."""
+        if self._graphs is None:
+            self._size = torch.zeros((), device=self.device)
+            self._graphs = {}
+        self._size.fill_(float(len(replay)))
+        policy = (self.total_it + 1) % self.policy_freq == 0
+        self.total_it += 1
+        if self.total_it <= self.policy_freq:  # warm-up, on a side stream as capture wants
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._iteration(replay.sample_in_graph(batch_size, self._size), policy)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return
+        if policy not in self._graphs:
+            graph = torch.cuda.CUDAGraph()
+            self.learner.opt.zero_grad(set_to_none=True)
+            self.actor_opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):  # a capture runs nothing: replay it for this iteration too
+                self._iteration(replay.sample_in_graph(batch_size, self._size), policy)
+            self._graphs[policy] = graph
+        self._graphs[policy].replay()
 
     def actor_params(self) -> np.ndarray:
         return get_flat(self.actor)

@@ -27,8 +27,8 @@ import platform
 import signal
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,15 @@ def micro_table(data: dict[str, Any]) -> str:
 
 
 # -- the learner alone -------------------------------------------------------------------------------
+def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
+    from bench import learning
+
+    try:
+        return learning.read_run(folder, algo, protocol)
+    except Exception as exc:  # noqa: BLE001 - a cell that left no readable folder is reported as such
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs: Path,
           steps: int = 100_000) -> dict[str, Any]:
     from bench import learning
@@ -168,24 +177,16 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
         if p.poll() is None:
             learning.kill_group(p)
             walls[key] = -(time.monotonic() - t0)  # negative: stopped at the deadline
+    # each cell scored in a process of its own (MuJoCo and the numpy actor, side by side)
+    with ProcessPoolExecutor(max_workers=min(len(procs), os.cpu_count() or 1)) as pool:
+        futures = {key: pool.submit(_score, runs / key[0] / f"{algo}-s{key[1]}", algo, protocol) for key in procs}
     cells = []
-    lock = threading.Lock()
-
-    def score(key):
-        env, seed = key
-        folder = runs / env / f"{algo}-s{seed}"
+    for (env, seed), f in futures.items():
         try:
-            got = learning.read_run(folder, algo, protocol)
-        except Exception as exc:  # noqa: BLE001 - a cell that left no readable folder is reported as such
-            got = {"error": f"{type(exc).__name__}: {exc}"}
-        with lock:
-            cells.append({"env": env, "seed": seed, "wall_s": round(walls[key], 1), **got})
-
-    threads = [threading.Thread(target=score, args=(k,)) for k in procs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+            got = f.result()
+        except Exception as exc:  # noqa: BLE001 - the scoring process died (a crash of MuJoCo, say)
+            got = {"error": f"scoring: {type(exc).__name__}: {exc}"}
+        cells.append({"env": env, "seed": seed, "wall_s": round(walls[(env, seed)], 1), **got})
     return {"learner": learner, "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
             "versions": learning.package_versions(), "cores": os.cpu_count()}
 

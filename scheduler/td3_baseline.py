@@ -56,8 +56,12 @@ class TD3Baseline:
         torch.manual_seed(cfg.seed)
         self.spec = NetSpec.from_config(cfg)
         # the learner's own policy delay: TD3's every second critic step, CrossQ's every third
+        # On CUDA each iteration is replayed from a captured graph (Agent.graph_step): a CrossQ step is
+        # ~400 small kernels, whose launches from Python set the pace (bench/learners.py micro)
+        self.graphed = self.device.type == "cuda"
         self.agent = Agent(self.spec, cfg.learner, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau,
-                           policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip, device=self.device)
+                           policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip, device=self.device,
+                           capturable=self.graphed)
         self.replay = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
         state = store.state()
         self.total, self.episodes, self.version = state["steps"], state["results_applied"], state["version"]
@@ -144,7 +148,10 @@ class TD3Baseline:
             ep_ret += float(rew)
             obs = next_obs
             if self.total > cfg.td3_start_steps and len(replay) >= cfg.batch_size:
-                agent.train_step(replay.sample(cfg.batch_size, generator=gen))
+                if self.graphed:
+                    agent.graph_step(replay, cfg.batch_size)
+                else:
+                    agent.train_step(replay.sample(cfg.batch_size, generator=gen))
                 self.updates += 1
             if terminated or truncated or ep_len >= cfg.max_episode_steps:
                 self.episodes += 1
