@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from aesrl_queue import kernels
+from aesrl_queue.algorithms import algorithm
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import wait_until_reachable, without_retries
@@ -81,8 +81,6 @@ class Scheduler:
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: commit after every read, however fast results come
         self.clock = time.monotonic  # what paces the commits (tests drive it)
-        if cfg.algo in ("aesrl", "es"):
-            kernels.compiled()  # load (or compile, once per machine) the update before the first result
 
     @property
     def version(self) -> int:
@@ -93,7 +91,7 @@ class Scheduler:
         cfg, store = self.cfg, self.store
         if not store.write_config(cfg):
             self.cfg = cfg = store.config()
-        if cfg.algo not in QUEUE_ALGOS:
+        if algorithm(cfg.algo).executor != "queue":
             raise ValueError(f"algo {cfg.algo!r} does not run on the queue; use make_scheduler")
         saved = store.load_checkpoint("optimizer")
         if saved is None:
@@ -389,7 +387,7 @@ def make_scheduler(client: redis.Redis, blocking_client: redis.Redis, cfg: RunCo
                    stop_event: threading.Event | None = None, device: str | None = "auto"):
     """The scheduler of any --algo: this loop for the queue algorithms, the one-process TD3 for td3
     (which trains on `device`: "auto" is CUDA where torch sees one)."""
-    if cfg.algo == "td3":
+    if algorithm(cfg.algo).executor == "process":
         from scheduler.td3_baseline import TD3Baseline
 
         return TD3Baseline(client, cfg, stop_event=stop_event, device=device)

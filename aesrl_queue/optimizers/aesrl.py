@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from aesrl_queue import noise
-from aesrl_queue.config import ASYNC_ALGOS, RunConfig
+from aesrl_queue import kernels, noise
+from aesrl_queue.algorithms import algorithm
+from aesrl_queue.config import RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
@@ -43,7 +44,6 @@ from aesrl_queue.optimizers.base import (
 
 log = logging.getLogger(__name__)
 
-ALGOS = ASYNC_ALGOS
 # An RL job trains as many actor steps as the last 10 evaluated episodes stored (the paper's window),
 # at most rl_steps_max.
 RL_STEPS_WINDOW = 10
@@ -56,30 +56,34 @@ def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool
 
 
 def uses_rl(cfg: RunConfig) -> bool:
-    """Whether an asynchronous run makes RL jobs (and so needs a critic)."""
-    return cfg.algo != "es" and cfg.rl_ratio > 0
+    """Whether a run makes RL jobs (and so needs a critic): an algorithm with a learner, rl_ratio > 0."""
+    return algorithm(cfg.algo).learner and cfg.rl_ratio > 0
+
+
+# The distribution an asynchronous algorithm's entry names, with its settings from the config.
+_DISTRIBUTIONS = {
+    "aesrl": lambda cfg: dict(mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
+                              negative_ratio=cfg.negative_ratio, positive_ratio=cfg.positive_ratio,
+                              fixed_n=cfg.fixed_n, var_init=cfg.var_init, var_floor=cfg.var_floor),
+    "opo": lambda cfg: dict(var_init=cfg.var_init, var_floor=cfg.var_floor),
+    "acem": lambda cfg: dict(var_init=cfg.var_init),
+}
 
 
 def build_distribution(cfg: RunConfig, mu: np.ndarray):
-    """The search distribution an asynchronous algorithm uses, from the config."""
-    if cfg.algo in ("aesrl", "es"):
-        return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
-                                 negative_ratio=cfg.negative_ratio,
-                                 positive_ratio=cfg.positive_ratio, fixed_n=cfg.fixed_n,
-                                 var_init=cfg.var_init, var_floor=cfg.var_floor)
-    if cfg.algo == "opo":
-        return make_distribution("opo", mu, var_init=cfg.var_init, var_floor=cfg.var_floor)
-    if cfg.algo == "acemrl":
-        return make_distribution("acem", mu, var_init=cfg.var_init)
-    raise ValueError(f"algo {cfg.algo!r} has no asynchronous distribution; use one of {', '.join(ALGOS)}")
+    """The search distribution an asynchronous algorithm uses, from its registry entry and the config."""
+    name = algorithm(cfg.algo).options.get("distribution")
+    if name not in _DISTRIBUTIONS:
+        raise ValueError(f"algo {cfg.algo!r} has no asynchronous distribution")
+    if name == "aesrl":
+        kernels.compiled()  # load (or compile, once per machine) its update before the first result
+    return make_distribution(name, mu, **_DISTRIBUTIONS[name](cfg))
 
 
 class AesrlOptimizer(OwnsDistribution):
     """One asynchronous run: ask jobs, tell results one at a time (update after every result)."""
 
     def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
-        if cfg.algo not in ALGOS:
-            raise ValueError(f"AesrlOptimizer runs {', '.join(ALGOS)}, not {cfg.algo!r}")
         self.cfg = cfg
         self.rl = uses_rl(cfg)
         self.dist = build_distribution(cfg, mu0)

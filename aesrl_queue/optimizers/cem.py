@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from aesrl_queue import noise
+from aesrl_queue.algorithms import algorithm
 from aesrl_queue.config import RunConfig
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
@@ -36,7 +37,6 @@ from aesrl_queue.optimizers.base import (
 
 log = logging.getLogger(__name__)
 
-ALGOS = ("cemrl", "pcemrl")
 MAX_TRIES = 3  # dispatches of one member (lost or failed jobs) before the generation goes on without it
 
 
@@ -51,10 +51,11 @@ class CemOptimizer(OwnsDistribution):
     """CEM-RL (`cemrl`: serial, one job in flight) and P-CEM-RL (`pcemrl`: a generation at once)."""
 
     def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
-        if cfg.algo not in ALGOS:
-            raise ValueError(f"CemOptimizer runs {', '.join(ALGOS)}, not {cfg.algo!r}")
+        options = algorithm(cfg.algo).options
+        if "serial" not in options:
+            raise ValueError(f"algo {cfg.algo!r} does not run generations of CEM")
         self.cfg = cfg
-        self.serial = cfg.algo == "cemrl"
+        self.serial = bool(options["serial"])  # cemrl: one member at a time; pcemrl: a generation at once
         self.dist = build_cem(cfg, mu0)
         self.gen: dict[str, Any] | None = None  # the open generation (plain data)
         self.generation = 0  # index of the next generation to start
