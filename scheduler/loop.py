@@ -119,11 +119,11 @@ class Scheduler:
         # What a synchronous generation needs back: members whose job was forgotten run again, and
         # the trained parameters of RL members that already returned come from their stored individuals.
         self.opt.reconcile(set(self.dispatch.inflight))
-        for key, member in self.opt.needs_individuals().items():
+        for job, member in self.opt.needs_individuals().items():
             try:
-                z = store.get_individual(key)
+                z = store.get_individual(job)
             except CodecError as exc:
-                log.warning("run %s: stored individual %s unusable (%s)", cfg.run_id, key, exc)
+                log.warning("run %s: stored individual of %s unusable (%s)", cfg.run_id, job, exc)
                 z = None
             self.opt.provide(member, z)
         self.last_id = state.get("last_result_id", "0-0") or "0-0"
@@ -291,7 +291,7 @@ class Scheduler:
                        length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version,
                        f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes), steps=self.counts["steps"],
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
-                       ind=res.ind, mirror_z=individual.mirror, mirror_fitness=res.mirror_fitness,
+                       mirror_z=individual.mirror, mirror_fitness=res.mirror_fitness,
                        mirror_length=res.mirror_len, drawn_from=individual.mean)
         try:
             update = self.opt.tell(ev, now=time.time())

@@ -47,7 +47,7 @@ def evaluated(opt, spec: dict, fitness: float, f_mu: float = math.nan, length: i
         z = noise.sample(opt.mean, opt.var, spec["seed"])
     return Evaluated(job=f"opt-j{spec['n']}", kind=spec["kind"], version=spec["version"], z=z,
                      fitness=fitness, length=length, f_mu=f_mu, f_mu_version=spec["version"], steps=steps,
-                     random=spec.get("random", False), ind=f"ind:{spec['n']}" if spec["kind"] == "rl" else "")
+                     random=spec.get("random", False))
 
 
 def tell_rl(opt, spec: dict, gap: float, f_mu: float):
@@ -426,8 +426,8 @@ def test_a_generation_resumes_mid_way_from_plain_state() -> None:
     for ev in evs[:4]:  # two RL and two ES members back (members 0, 1, 2 are RL)
         opt.tell(ev)
     twin = roundtrip(opt)
-    assert twin.needs_individuals() == {evs[0].ind: 0, evs[1].ind: 1, evs[2].ind: 2}
-    for _key, member in twin.needs_individuals().items():
+    assert twin.needs_individuals() == {evs[0].job: 0, evs[1].job: 1, evs[2].job: 2}
+    for _job, member in twin.needs_individuals().items():
         twin.provide(member, trained[specs[member]["n"]] if member < 2 else None)  # member 2's individual expired
     twin.reconcile({evs[4].job, evs[5].job})
     assert [s["extra"]["member"] for s in twin.ask(1, steps=300, inflight=2, critic_version=1,
@@ -517,7 +517,7 @@ def test_state_then_load_state_gives_the_same_asks_and_tells(algo, kw, before, a
     except OptimizerFailed:
         return
     twin = roundtrip(opt)
-    for _key, member in twin.needs_individuals().items():  # what the loop fetches from Redis
+    for _job, member in twin.needs_individuals().items():  # what the loop fetches from Redis
         twin.provide(member, opt._z[member])
     from_twin = drive(twin, after, steps0 + 10_000)
     assert drive(opt, after, steps0 + 10_000) == from_twin

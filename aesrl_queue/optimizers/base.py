@@ -78,7 +78,6 @@ class Evaluated:
     steps: int = -1  # the run's stored steps after this episode (-1: unknown)
     interactions: int = -1
     random: bool = False  # a random-action episode (the random phase)
-    ind: str = ""  # RL: the key of the stored trained individual (opaque here; the loop reads it back)
     # an antithetic ES job (es_antithetic): μ − σ·ε, its return and episode length; f_mu is the pair's mean
     mirror_z: np.ndarray | None = None
     mirror_fitness: float = math.nan

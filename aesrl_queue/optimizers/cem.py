@@ -66,7 +66,7 @@ class CemOptimizer(OwnsDistribution):
         self.f_mu, self.best, self.best_kept = math.nan, -math.inf, -math.inf
         self.no_critic_gen = -1  # generation in which the critic did not come; its RL members run as ES
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
-        self._need: dict[str, int] = {}  # stored individuals to fetch after a restart -> member
+        self._need: dict[str, int] = {}  # jobs whose stored individual to fetch after a restart -> member
         self._critic_wait: dict[str, Any] | None = None  # holds a clock value: not state
         self._critic_problem: tuple[str, str] | None = None  # what `critic_problem` reports
 
@@ -211,7 +211,7 @@ class CemOptimizer(OwnsDistribution):
             raise ValueError(f"job {ev.job} used version {ev.version}, generation {self.gen['g']} is version "
                              f"{self.version}")
         m = self.gen["members"][i]
-        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length), ind=ev.ind)
+        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length))
         if finite(ev.f_mu) and ev.f_mu_version == self.version:
             m["f_mu"] = float(ev.f_mu)
         self._z[i] = ev.z
@@ -280,13 +280,14 @@ class CemOptimizer(OwnsDistribution):
                 m["job"] = ""
 
     def needs_individuals(self) -> dict[str, int]:
-        """The stored individuals (their keys) of RL members that returned before a restart -> member."""
+        """The jobs of RL members that returned before a restart -> member: the loop reads the
+        individual each job stored and hands it to `provide`."""
         return dict(self._need)
 
     def provide(self, member: int, z: np.ndarray | None) -> None:
         """The stored individual of an RL member, or None when it is gone: the member runs again."""
         m = self.gen["members"][member]
-        self._need.pop(m.get("ind", ""), None)
+        self._need.pop(m["job"], None)
         if z is None:
             log.warning("run %s: RL member %d of generation %d is gone; evaluating it again", self.cfg.run_id,
                         member, self.gen["g"])
@@ -321,7 +322,7 @@ class CemOptimizer(OwnsDistribution):
             if not m["done"]:
                 continue
             if m["kind"] == "rl":
-                self._need[m["ind"]] = i
+                self._need[m["job"]] = i
             else:
                 self._z[i] = noise.sample(self.dist.mean, self.dist.var, m["seed"])
         return self
