@@ -158,7 +158,7 @@ class Scheduler:
                 self.setup()
             except OptimizerFailed as exc:
                 self.dispatch.noise_ahead.close()
-                log.error("%s", exc)
+                log.error("%s; see the failed results (`aesrl-queue status`)", exc)
                 self.store.set_state(status="failed", updated_at=time.time())
                 return "failed"
 

@@ -23,8 +23,15 @@ from aesrl_queue.optimizers import (
     load_optimizer,
     make_optimizer,
 )
-from aesrl_queue.optimizers.base import NO_CRITIC_AFTER
+from aesrl_queue.optimizers.base import (
+    CRITIC_STALLED,
+    GENERATION_GAVE_UP,
+    GENERATION_WAITING,
+    NO_CRITIC_AFTER,
+    NO_CRITIC_WAITING,
+)
 from aesrl_queue.optimizers.cem import MAX_TRIES
+from scheduler.problems import critic_line
 
 _CFGS: dict[tuple, RunConfig] = {}
 
@@ -118,10 +125,11 @@ def test_aesrl_names_a_missing_critic_within_critic_wait_and_clears_it_when_one_
     assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0) == []
     assert opt.critic_problem is None  # a daemon that runs needs seconds to publish
     assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0 + NO_CRITIC_AFTER * wait) == []
-    what, short = opt.critic_problem
+    assert opt.critic_problem == (NO_CRITIC_WAITING, wait)
+    what, short = critic_line(opt.critic_problem)  # what the loop shows
     assert what.startswith("no critic has published") and f"({wait:.0f} s)" in what and short == "no critic"
     assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0 + wait)  # ES alone from here
-    assert "goes on with ES alone" in opt.critic_problem[0]
+    assert "goes on with ES alone" in critic_line(opt.critic_problem)[0]
     opt.ask(2, steps=400, inflight=0, critic_version=1, critic_steps=300, now=20.0 + wait)
     assert opt.critic_problem is None
     # A critic that stops training: named once the lag rule stops holding jobs for it.
@@ -129,7 +137,7 @@ def test_aesrl_names_a_missing_critic_within_critic_wait_and_clears_it_when_one_
     assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t) == []
     assert opt.critic_problem is None
     assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t + wait)
-    assert opt.critic_problem[1] == "critic stalled"
+    assert opt.critic_problem == (CRITIC_STALLED, wait)
     opt.ask(1, steps=3000, inflight=0, critic_version=4, critic_steps=2600, now=t + wait + 1)
     assert opt.critic_problem is None
     # es needs no critic: never a problem.
@@ -149,10 +157,12 @@ def test_cem_names_a_critic_that_does_not_train_for_its_rl_members() -> None:
     assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=1.0 + wait / 2) == []
     assert opt.critic_problem is None
     assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=1.0 + wait * 0.8) == []
-    assert opt.critic_problem[1] == "no critic" and "held for critic_wait" in opt.critic_problem[0]
+    assert opt.critic_problem == (GENERATION_WAITING, wait)
+    assert "held for critic_wait" in critic_line(opt.critic_problem)[0]
     specs = opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=2.0 + wait)
     assert [s["kind"] for s in specs] == ["es"] * 4  # the generation goes on without a critic
-    assert "without training" in opt.critic_problem[0]
+    assert opt.critic_problem == (GENERATION_GAVE_UP, wait)
+    assert "without training" in critic_line(opt.critic_problem)[0]
 
 
 def test_es_never_asks_rl_and_no_job_that_would_overshoot_the_budget() -> None:

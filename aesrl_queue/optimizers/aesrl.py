@@ -37,7 +37,6 @@ from aesrl_queue.optimizers.base import (
     JobSpec,
     OwnsDistribution,
     Update,
-    critic_problem,
     finite,
     job_seed,
 )
@@ -103,7 +102,7 @@ class AesrlOptimizer(OwnsDistribution):
         # holding jobs for a critic that trails the replay: (since, critic steps then) on the clock
         self._lag_wait: tuple[float, int] | None = None
         self._lag_holding = False  # the last ask held jobs for it (a stalled critic no longer does)
-        self._critic_problem: tuple[str, str] | None = None  # what `critic_problem` reports
+        self._critic_problem: tuple[str, float] | None = None  # what `critic_problem` reports
 
     # -- what the loop reads ---------------------------------------------------------------------
     @property
@@ -112,11 +111,10 @@ class AesrlOptimizer(OwnsDistribution):
         return self._critic_wait_since is not None or self._lag_holding
 
     @property
-    def critic_problem(self) -> tuple[str, str] | None:
-        """(what is wrong, a few words) while the run lacks a critic, as of the last `ask`: none has
+    def critic_problem(self) -> tuple[str, float] | None:
+        """(which problem, critic_wait) while the run lacks a critic, as of the last `ask`: none has
         published NO_CRITIC_AFTER·critic_wait after the random phase, or the critic stopped training
-        for critic_wait; None once a critic publishes (or trains again). The loop shows it with the
-        command that starts one."""
+        for critic_wait; None once a critic publishes (or trains again). The loop says what it means."""
         return self._critic_problem
 
     def done(self, steps: int) -> bool:
@@ -165,13 +163,13 @@ class AesrlOptimizer(OwnsDistribution):
             waited = now - self._critic_wait_since
             if waited < cfg.critic_wait:
                 if waited >= NO_CRITIC_AFTER * cfg.critic_wait:
-                    self._critic_problem = critic_problem(NO_CRITIC_WAITING, cfg.critic_wait)
+                    self._critic_problem = (NO_CRITIC_WAITING, cfg.critic_wait)
                 return []
-            self._critic_problem = critic_problem(NO_CRITIC_GAVE_UP, cfg.critic_wait)
+            self._critic_problem = (NO_CRITIC_GAVE_UP, cfg.critic_wait)
             if now - self._warned_no_critic > 60:
                 self._warned_no_critic = now
-                log.warning("run %s: %d steps stored but no critic published yet — is `aesrl-queue critic start "
-                            "--run %s` running? dispatching ES jobs meanwhile", cfg.run_id, steps, cfg.run_id)
+                log.warning("run %s: %d steps stored but no critic published yet; dispatching ES jobs meanwhile",
+                            cfg.run_id, steps)
         self._lag_holding = rl_ready and self._critic_behind(steps, critic_steps, now)
         if self._lag_holding:
             return []
@@ -211,12 +209,11 @@ class AesrlOptimizer(OwnsDistribution):
             return True
         if now - self._lag_wait[0] < cfg.critic_wait:
             return True
-        self._critic_problem = critic_problem(CRITIC_STALLED, cfg.critic_wait)
+        self._critic_problem = (CRITIC_STALLED, cfg.critic_wait)
         if now - self._warned_no_critic > 60:
             self._warned_no_critic = now
-            log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps — "
-                        "is `aesrl-queue critic start --run %s` running? dispatching meanwhile", cfg.run_id,
-                        now - self._lag_wait[0], steps - critic_steps, cfg.run_id)
+            log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps; "
+                        "dispatching meanwhile", cfg.run_id, now - self._lag_wait[0], steps - critic_steps)
         return False
 
     # -- tell ------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from aesrl_queue.optimizers.base import (
     OptimizerFailed,
     OwnsDistribution,
     Update,
-    critic_problem,
     finite,
     generation_seed,
     job_id,
@@ -68,17 +67,17 @@ class CemOptimizer(OwnsDistribution):
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
         self._need: dict[str, int] = {}  # jobs whose stored individual to fetch after a restart -> member
         self._critic_wait: dict[str, Any] | None = None  # holds a clock value: not state
-        self._critic_problem: tuple[str, str] | None = None  # what `critic_problem` reports
+        self._critic_problem: tuple[str, float] | None = None  # what `critic_problem` reports
 
     @property
     def waiting(self) -> bool:
         return self._critic_wait is not None
 
     @property
-    def critic_problem(self) -> tuple[str, str] | None:
-        """(what is wrong, a few words) while the generation's RL members wait for a critic that has
+    def critic_problem(self) -> tuple[str, float] | None:
+        """(which problem, critic_wait) while the generation's RL members wait for a critic that has
         not trained a step for NO_CRITIC_AFTER·critic_wait, or went without one; None once a critic
-        has trained what they need. The loop shows it with the command that starts one."""
+        has trained what they need. The loop says what it means."""
         return self._critic_problem
 
     def done(self, steps: int) -> bool:
@@ -183,14 +182,13 @@ class CemOptimizer(OwnsDistribution):
         if critic_steps > w["trained"]:  # a critic that trains (serial CEM-RL asks for many steps) is there
             w.update(trained=critic_steps, moved=now)
         elif now - w["moved"] >= NO_CRITIC_AFTER * cfg.critic_wait:
-            self._critic_problem = critic_problem(GENERATION_WAITING, cfg.critic_wait)
+            self._critic_problem = (GENERATION_WAITING, cfg.critic_wait)
         if now - w["since"] > cfg.critic_wait:
-            log.warning("run %s: no critic trained within %.0fs — is `aesrl-queue critic start --run %s` running? "
-                        "generation %d evaluates its RL members without training", cfg.run_id, cfg.critic_wait,
-                        cfg.run_id, self.gen["g"])
+            log.warning("run %s: no critic trained within %.0fs; generation %d evaluates its RL members without "
+                        "training", cfg.run_id, cfg.critic_wait, self.gen["g"])
             self.no_critic_gen = self.gen["g"]
             self._critic_wait = None
-            self._critic_problem = critic_problem(GENERATION_GAVE_UP, cfg.critic_wait)
+            self._critic_problem = (GENERATION_GAVE_UP, cfg.critic_wait)
             return True
         return False
 
@@ -267,7 +265,7 @@ class CemOptimizer(OwnsDistribution):
             return None
         if sum(mm["done"] for mm in members) < self.cfg.population // 2:
             raise OptimizerFailed(f"run {self.cfg.run_id}: generation {self.gen['g']} lost more than half its "
-                                  "members; see the failed results (`aesrl-queue status`)")
+                                  "members")
         update = self._tell_generation()
         update.applied = False
         return update
