@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from aesrl_queue.algorithms import ALGOS, PAPER, REGISTRY, SWITCHES, algorithm, applies_to
 from aesrl_queue.numpy_actor import ACTIVATIONS, actor_param_count
 from aesrl_queue.rules import AESRL_VAR_RULES, FITNESS_MEAN_RULES
 
@@ -32,8 +33,6 @@ LEARNER_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 LEARNERS = tuple(LEARNER_DEFAULTS)
 
-ALGOS = ("aesrl", "es", "opo", "acemrl", "cemrl", "pcemrl", "td3")
-ASYNC_ALGOS = ALGOS[:4]  # one update per evaluated individual (AesrlOptimizer)
 # The mean and variance rules a run selects (aesrl_queue/rules.py defines them); these two names
 # stay for cli/main.py, which imports them from here.
 MEAN_RULES = FITNESS_MEAN_RULES
@@ -67,8 +66,9 @@ def _derived(default: Any, help: str) -> Any:
 
 @dataclass
 class RunConfig:
-    """Every setting of a run. Defaults follow the paper and the official code, except the fields
-    marked as departures (docs/decisions.md says why each one departs)."""
+    """Every setting of a run. The defaults are what `--algo aesrl` runs: the paper's and the official
+    code's, except the fields marked as departures (docs/decisions.md says why each one departs).
+    Another algorithm's entry in aesrl_queue/algorithms.py holds what it runs differently."""
 
     env_id: str = _setting("HalfCheetah-v5", "gymnasium environment id")
     algo: str = _setting("aesrl", f"algorithm: {', '.join(ALGOS)}")
@@ -84,9 +84,9 @@ class RunConfig:
     negative_ratio: float = _setting(0.0, "fixed-linear only: weight of negative moves")
     positive_ratio: float = _setting(1.0, "the paper's p_positive: share of p kept for a better individual")
     fitness_shift: float | str = _setting(
-        0.0, "aesrl, es: amount per step subtracted from the returns the rule compares: 'alive' (the "
+        "alive", "aesrl, es: amount per step subtracted from the returns the rule compares: 'alive' (the "
              "environment's survival bonus), a number, or 0 (the paper)", departure=True)
-    critic_shift: bool = _setting(False, "aesrl: the critic learns the rewards less that same amount per step",
+    critic_shift: bool = _setting(True, "aesrl: the critic learns the rewards less that same amount per step",
                                   departure=True)
     fixed_n: float = _setting(10.0, "fixed variance rule: n")
     var_init: float = _setting(1e-3, "initial variance (not a standard deviation)")
@@ -94,7 +94,8 @@ class RunConfig:
     # ES/RL mix (P controller)
     rl_ratio: float = _setting(0.5, "target share ρ* of RL individuals")
     rl_gain: float = _setting(50.0, "gain K_rl of the P controller")
-    initial_steps: int = _setting(10_000, "stored steps of random-action ES before the first RL job")
+    initial_steps: int = _setting(10_000, "stored steps of random actions before learning starts (the first RL "
+                                          "job; td3's first update)")
     # networks
     hidden: tuple[int, ...] = _setting((400, 300), "actor hidden layer sizes")
     activation: str = _setting("tanh", f"actor activation: {', '.join(ACTIVATIONS)}")
@@ -109,8 +110,8 @@ class RunConfig:
     tau: float = _setting(0.005, "target network update rate")
     policy_noise: float = _setting(0.2, "TD3 target policy smoothing noise")
     noise_clip: float = _setting(0.5, "TD3 target policy noise clip")
-    rl_steps_max: int = _setting(10_000, "most actor steps of one RL job (the paper: the sum of the last 10 "
-                                         "episode lengths; aesrl's default caps it at 2000)", departure=True)
+    rl_steps_max: int = _setting(2000, "most actor steps of one RL job (the paper: the sum of the last 10 "
+                                       "episode lengths; aesrl's default caps it at 2000)", departure=True)
     critic_chunk: int = _setting(1000, "critic steps between publications")
     # the scheduler holds new jobs after the random phase while the critic trails the replay by more than
     # this, and within it dispatches no more jobs than the room left holds, so that RL jobs train against
@@ -131,7 +132,6 @@ class RunConfig:
     parallel_critic: bool = _setting(False, "pcemrl: train the critic while the generation's jobs run")
     # TD3 baseline
     expl_noise: float = _setting(0.1, "td3: exploration noise (fraction of the action bound)")
-    td3_start_steps: int = _setting(10_000, "td3: uniform-random env steps before the first update")
     td3_eval_every: int = _setting(5000, "td3: env steps between evaluations of the deterministic actor")
     # runtime
     job_timeout: int = _setting(900, "seconds RQ lets one job run")
@@ -158,18 +158,29 @@ class RunConfig:
         """The preset of `env_id` with `overrides` applied on top."""
         values: dict[str, Any] = {"env_id": env_id}
         values.update(preset_for(env_id))
-        # The baselines' own published settings win over the environment preset; options win over both.
+        # The algorithm's own settings win over the environment preset; options win over both.
         algo = overrides.get("algo") or cls.algo  # the class default when --algo is not given
-        values.update(ALGO_DEFAULTS.get(algo, {}))
+        values.update(REGISTRY[algo].defaults if algo in REGISTRY else {})
         # a learner's own settings (crossq's wide critic) win over the algorithm's
         values.update(LEARNER_DEFAULTS.get(overrides.get("learner") or values.get("learner") or cls.learner, {}))
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_dict(values)
+        return cls._from_values(values)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
+        """A config from a table of fields as a run stored it. A field the table lacks takes its declared
+        default, except aesrl's departures (PAPER): a run stored before them ran the paper's values."""
+        return cls._from_values({**PAPER, **values})
+
+    @classmethod
+    def _from_values(cls, values: dict[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in values.items() if k != "spec_hash"}
+        for old, (new, readers) in FOLDED_FIELDS.items():
+            if old in values:  # a config of a version that had it
+                value = values.pop(old)
+                if values.get("algo") in readers:
+                    values[new] = value
         unknown = sorted(set(values) - known)
         for name in unknown:
             if name in REMOVED_FIELDS:
@@ -223,8 +234,9 @@ class RunConfig:
         need(isinstance(self.env_id, str) and bool(self.env_id), "env_id", "must name a gymnasium environment")
         need(self.algo in ALGOS, "algo", f"{self.algo!r} is not one of {', '.join(ALGOS)}")
         need(self.learner in LEARNERS, "learner", f"{self.learner!r} is not one of {', '.join(LEARNERS)}")
-        need(self.learner == "td3" or self.algo not in ("es", "opo"), "learner",
-             f"--algo {self.algo} trains no critic; a learner applies to aesrl, acemrl, cemrl, pcemrl and td3")
+        need(self.learner == "td3" or REGISTRY[self.algo].learner, "learner",
+             f"--algo {self.algo} trains no critic; a learner applies to "
+             f"{', '.join(n for n, a in REGISTRY.items() if a.learner)}")
         need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
         need(self.var_rule in VAR_RULES, "var_rule", f"{self.var_rule!r} is not one of {', '.join(VAR_RULES)}")
         need(self.r != "auto", "r", "'auto' was removed; use 'adaptive', 'paper' or a number")
@@ -232,13 +244,7 @@ class RunConfig:
             need(real(self.r) and self.r > 0, "r", f"must be a positive number or one of {', '.join(R_MODES)}, got {self.r!r}")
         need(isinstance(self.mean_eval_paired, bool), "mean_eval_paired", "must be true or false")
         need(isinstance(self.es_antithetic, bool), "es_antithetic", "must be true or false")
-        # opo's success rule would count every pair as one success in two (its variance would only
-        # grow), and acemrl ranks a window of single individuals: the pair is for AES-RL's rules
-        need(not self.es_antithetic or self.algo in ("aesrl", "es"), "es_antithetic",
-             f"applies to --algo aesrl and es, not {self.algo!r}")
         need(isinstance(self.pair_shift, bool), "pair_shift", "must be true or false")
-        need(not self.pair_shift or self.algo in ("aesrl", "es"), "pair_shift",
-             f"applies to --algo aesrl and es, not {self.algo!r}")
         if self.run_id:
             need(bool(RUN_ID_RE.match(self.run_id)), "run_id", "use 1-64 letters, digits, '_' or '-'")
             need(self.run_id not in RESERVED_RUN_IDS, "run_id",
@@ -248,7 +254,7 @@ class RunConfig:
                      "failure_ttl", "history_max"):
             val = getattr(self, name)
             need(integer(val) and val > 0, name, f"must be a positive integer, got {val!r}")
-        for name in ("initial_steps", "td3_start_steps", "queued_per_worker", "seed", "result_ttl", "critic_lag"):
+        for name in ("initial_steps", "queued_per_worker", "seed", "result_ttl", "critic_lag"):
             val = getattr(self, name)
             need(integer(val) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
         for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):
@@ -263,12 +269,15 @@ class RunConfig:
         if self.fitness_shift not in SHIFT_MODES:
             need(real(self.fitness_shift) and self.fitness_shift >= 0, "fitness_shift",
                  f"must be a number >= 0 or {' or '.join(map(repr, SHIFT_MODES))}, got {self.fitness_shift!r}")
-        need(self.fitness_shift == 0 or self.algo in ("aesrl", "es"), "fitness_shift",
-             f"applies to --algo aesrl and es, not {self.algo!r}")
         need(isinstance(self.critic_shift, bool), "critic_shift", "must be true or false")
-        # aesrl's default; with rl_ratio 0 (no critic) or fitness_shift 0 it changes nothing
-        need(not self.critic_shift or self.algo == "aesrl", "critic_shift",
-             f"applies to --algo aesrl, not {self.algo!r}")
+        # A switch that is on for an algorithm it does not apply to is a field of another algorithm's
+        # config (opo's success rule would count every antithetic pair as one success in two, acemrl
+        # ranks a window of single individuals, es has no critic to shift).
+        spec = algorithm(self.algo)
+        for name, off in SWITCHES.items():
+            users = applies_to(name)
+            need(getattr(self, name) == off or spec.applies(name), name,
+                 f"applies to --algo {' and '.join(users)}, not {self.algo!r}")
         need(real(self.positive_ratio) and 0.0 < self.positive_ratio <= 1.0, "positive_ratio",
              f"must be in (0, 1], got {self.positive_ratio!r}")
         need(self.var_floor <= self.var_init, "var_floor", "must not exceed var_init")
@@ -356,7 +365,8 @@ class RunConfig:
     @property
     def critic_on_request(self) -> bool:
         """CEM-RL, and P-CEM-RL without parallel_critic: the critic trains between generations only."""
-        return self.algo == "cemrl" or (self.algo == "pcemrl" and not self.parallel_critic)
+        spec = algorithm(self.algo)
+        return spec.critic_on_request and not (spec.applies("parallel_critic") and self.parallel_critic)
 
     def judged(self, ret: float, length: float) -> float:
         """A return as the update rules compare it: less shift_per_step for each step (fitness_shift)."""
@@ -409,47 +419,6 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "AesrlSleep": {"initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16)},
     "AesrlNaN": {"initial_steps": 0, "total_steps": 10_000, "hidden": (8, 8), "critic_hidden": (16, 16)},
 }
-# Per-algorithm settings, applied over the environment preset. td3, cemrl and pcemrl take their
-# official code's configs (KyunghyunLee/aes-rl): TD3 256-256 at lr 3e-4; CEM-RL batch 100; a 10⁶ replay.
-# es and aesrl take this project's departures; the measurements behind each number are in
-# docs/performance.md (appendix) and the reasons in docs/decisions.md.
-ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
-    "td3": {"hidden": (256, 256), "critic_hidden": (256, 256), "actor_lr": 3e-4, "critic_lr": 3e-4,
-            "batch_size": 256, "replay_capacity": 1_000_000, "mean_eval_episodes": 5},
-    "cemrl": {"batch_size": 100, "replay_capacity": 1_000_000},
-    "es": {
-        # σ = 0.1 held fixed: without RL individuals the adaptive rule drives var to its floor within ~20
-        # updates, so the floor is the step size; at σ 0.1 8 of 9 Pendulum seeds learn the swing-up
-        # (mean -239), at σ 0.03 the mean is -467, and the paper's σ 0.003 moves a policy too little
-        "var_init": 1e-2, "var_floor": 1e-2,
-        # p = Δ/r for a better individual, 0 otherwise: baseline-relative gives p = 0.5 to an individual
-        # no better than μ, a random walk that ES alone cannot outpace (bench/es_rules.py)
-        "mean_rule": "fixed-linear",
-        # the pair's mean replaces the μ episode: half the interactions, and final μ within the spread
-        # between seeds (Pendulum, 1M steps: -536 ± 123 against -513 ± 139)
-        "es_antithetic": True,
-        # μ moves a quarter of the way to the better of a pair, so one start state's luck is averaged
-        # over several pairs (Pendulum, 3 seeds: -297 ± 69 against -536 ± 123 with 1.0)
-        "positive_ratio": 0.25,
-        # a pair told after others moved μ is told as its offset, not as a pull back to where μ was
-        # (3 seeds: -370 with the shift, -723 without, -255 told at once)
-        "pair_shift": True,
-    },
-    "aesrl": {
-        # the paper's sum of the last 10 episode lengths (10 000 on HalfCheetah) overshoots a critic
-        # held within critic_lag: HalfCheetah seed 1 at 100k steps 3907 with 2000, 1697 with 10 000,
-        # in half the wall clock
-        "rl_steps_max": 2000,
-        # the rules compare returns less the survival bonus: with it counted, standing still for 1000
-        # steps beats every Hopper policy that hops and falls, and every seed stood by 20-40k steps and
-        # stayed; without it no seed stood (HalfCheetah pays no bonus and is unchanged)
-        "fitness_shift": "alive",
-        # the critic learns the same shifted rewards, so RL jobs climb what the rule judges them on
-        # (Hopper 100k steps, 3 seeds: 1972 ± 845 against 1130 ± 256)
-        "critic_shift": True,
-    },
-    "pcemrl": {"batch_size": 256, "replay_capacity": 1_000_000},
-}
 # Fields of earlier versions, taken out of the product (docs/decisions.md, "tried and not adopted"):
 # a config that names one fails with this reason instead of a list of the known fields.
 REMOVED_FIELDS: dict[str, str] = {
@@ -468,6 +437,11 @@ REMOVED_FIELDS: dict[str, str] = {
     "rl_var_update": "an RL individual always updates the variance (the paper)",
     "critic_lag_room": "dispatch is always capped by the room under critic_lag",
     "rl_steps_window": "rl_steps is the sum of the last 10 episode lengths (the paper)",
+}
+# Fields of earlier versions whose value another field now holds: (that field, the algorithms that read
+# the old one). A config that names one still loads, with its value moved for those algorithms.
+FOLDED_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "td3_start_steps": ("initial_steps", ("td3",)),
 }
 
 

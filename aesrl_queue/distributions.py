@@ -15,7 +15,6 @@ from aesrl_queue import kernels, noise
 from aesrl_queue.fitness import FitnessScale
 from aesrl_queue.rules import (
     AESRL_VAR_RULES,
-    FITNESS_MEAN_RULES,
     MEAN_RULES,
     VAR_FLOOR,
     SuccessRule,
@@ -24,7 +23,7 @@ from aesrl_queue.rules import (
 )
 
 DISTRIBUTIONS = ("aesrl", "opo", "acem", "cem")
-AESRL_MEAN_RULES = MEAN_RULES  # the distribution also runs one-plus-one steps (list_variants offers it as "opo")
+AESRL_MEAN_RULES = MEAN_RULES  # one-plus-one included: the distribution also runs (1+1) steps
 
 
 def _real(name: str, value: Any, *, positive: bool = False, nonnegative: bool = False) -> float:
@@ -565,23 +564,3 @@ def make_distribution(name: str, mu: Any, **params: Any) -> Distribution:
             f"unknown parameter(s) {', '.join(unknown)} for {name!r}; allowed: {', '.join(cls.PARAMS)}"
         )
     return cls(mu, **params)
-
-
-def list_variants() -> list[str]:
-    """The selectable asynchronous variants: "aesrl:<mean rule>/<var rule>", "opo", "acem"."""
-    aesrl = [f"aesrl:{m}/{v}" for m in FITNESS_MEAN_RULES for v in AESRL_VAR_RULES]
-    return [*aesrl, "opo", "acem"]
-
-
-def make_variant(variant: str, mu: Any, **params: Any) -> AsyncDistribution:
-    """The distribution that a `list_variants()` name (or any aesrl:<mean>/<var>) stands for."""
-    if variant in ("opo", "acem"):
-        return make_distribution(variant, mu, **params)  # type: ignore[return-value]
-    kind, _, rules = variant.partition(":")
-    mean_rule, _, var_rule = rules.partition("/")
-    if kind != "aesrl" or not mean_rule or not var_rule:
-        raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(list_variants())}")
-    clash = sorted({"mean_rule", "var_rule"} & set(params))
-    if clash:
-        raise ValueError(f"variant {variant!r} already sets {', '.join(clash)}")
-    return make_distribution("aesrl", mu, mean_rule=mean_rule, var_rule=var_rule, **params)  # type: ignore[return-value]

@@ -137,9 +137,9 @@ def needed_interactions(cfg: RunConfig, st: dict[str, Any]) -> int:
     asynchronous loops (aesrl, es, opo, acemrl), the unstored f(μ) episodes their update rule
     compares each individual with. td3's and the CEM-RL loops' f(μ) episodes only report progress,
     so they are left out here (the run's `interactions` counts every env step, those included)."""
-    from aesrl_queue.optimizers import ASYNC_ALGOS
+    from aesrl_queue.algorithms import algorithm
 
-    return int(st.get("interactions", 0)) if cfg.algo in ASYNC_ALGOS else int(st.get("steps", 0))
+    return int(st.get("interactions", 0)) if algorithm(cfg.algo).tells == "result" else int(st.get("steps", 0))
 
 
 def write_policy(run_dir: Path, store: Store, name: str = "policy.npz") -> Path:

@@ -106,14 +106,6 @@ class NumpyActor:
             pos += n_out
         self._loaded = True
 
-    def get_params(self) -> np.ndarray:
-        """The loaded parameters back in flat layout."""
-        parts = []
-        for wt, b in zip(self._wt, self._b, strict=True):
-            parts.append(wt.T.reshape(-1))
-            parts.append(b)
-        return np.concatenate(parts).astype(np.float32, copy=False)
-
     def act(self, obs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Action for a 1-D observation (or rows of a 2-D batch), computed in float32.
 

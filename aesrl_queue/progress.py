@@ -99,12 +99,12 @@ class Phase:
         steps = st.get("steps", 0)
         if trains_critic(cfg) and st.get("critic_version", 0):
             self.critic_wait_since = None
-            from aesrl_queue.optimizers import ASYNC_ALGOS
+            from aesrl_queue.algorithms import algorithm
             from aesrl_queue.optimizers.aesrl import critic_too_far_behind
 
             critic_steps = int(st.get("critic_steps") or 0)
             # Only the asynchronous loops hold jobs for it; the synchronous ones ask for critic steps.
-            if cfg.algo in ASYNC_ALGOS and critic_too_far_behind(cfg, steps, critic_steps):
+            if algorithm(cfg.algo).tells == "result" and critic_too_far_behind(cfg, steps, critic_steps):
                 return f"critic {steps - critic_steps:,} steps behind"
             if rl_jobs and idle >= IDLE_AFTER:
                 return f"training RL individuals ({rl_jobs})"

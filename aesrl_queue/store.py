@@ -516,6 +516,9 @@ class Store:
         return key
 
     def get_individual(self, key: str) -> np.ndarray:
+        """The individual an RL job stored: `key` as its result names it, or the job's id (no ':')."""
+        if ":" not in key:
+            key = self.key(f"ind:{key}")
         if not key.startswith(self.prefix + "ind:"):
             raise CodecError(f"individual key {key!r} is not an ind: key of run {self.run_id}")
         return codec.decode_array(self.r.get(key), size=self.config().actor_dim, what=key)

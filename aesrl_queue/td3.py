@@ -134,11 +134,6 @@ def _actor_step(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimiz
     return loss.detach()
 
 
-def actor_update(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> float:
-    """One step minimising −Q1(s, π(s)).mean() over the actor; the critic is not changed. Returns the loss."""
-    return float(_actor_step(actor, critic, actor_opt, obs).item())
-
-
 def train_actor(
     flat_params: np.ndarray,
     spec: NetSpec,

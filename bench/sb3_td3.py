@@ -1,6 +1,6 @@
 """Stable-Baselines3 TD3 as the external reference of bench/learning.py, with our TD3's settings.
 
-It reads the same config as `aesrl-queue run --algo td3` (preset + ALGO_DEFAULTS + the options given
+It reads the same config as `aesrl-queue run --algo td3` (preset + its registry entry + the options given
 here): hidden layers, activations (actor tanh, critic leaky ReLU 0.01), learning rate, batch, replay
 size, τ, γ, target-policy noise and clip, Gaussian exploration noise expl_noise · max_action, and
 uniform-random start steps. Every `--eval-every` steps after the start steps (as our td3), and at
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     overrides = json.loads(args.config.read_text()) if args.config else {}
-    options = dict(hidden=args.hidden, critic_hidden=args.critic_hidden, td3_start_steps=args.start_steps)
+    options = dict(hidden=args.hidden, critic_hidden=args.critic_hidden, initial_steps=args.start_steps)
     overrides.update(algo="td3", total_steps=args.steps, seed=args.seed,
                      **{k: v for k, v in options.items() if v is not None})  # an option not given keeps the file's
     cfg = RunConfig.from_preset(args.env, **overrides).resolve()
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "algo": "sb3-td3", "env_id": cfg.env_id, "seed": cfg.seed, "total_steps": cfg.total_steps,
         "hidden": list(cfg.hidden), "critic_hidden": list(cfg.critic_hidden), "activation": cfg.activation,
         "critic_activation": cfg.critic_activation, "learning_rate": cfg.actor_lr, "batch_size": cfg.batch_size,
-        "buffer_size": cfg.replay_capacity, "learning_starts": cfg.td3_start_steps, "tau": cfg.tau,
+        "buffer_size": cfg.replay_capacity, "learning_starts": cfg.initial_steps, "tau": cfg.tau,
         "gamma": cfg.gamma, "target_policy_noise": cfg.policy_noise, "target_noise_clip": cfg.noise_clip,
         "policy_delay": 2, "action_noise_std": cfg.expl_noise * cfg.max_action, "eval_every": args.eval_every,
         "eval_episodes": args.eval_episodes or cfg.mean_eval_episodes, "torch_threads": 1,
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     noise = NormalActionNoise(mean=np.zeros(n_act), sigma=np.full(n_act, settings["action_noise_std"]))
     model = TD3(
         OurNetsPolicy, env, learning_rate=cfg.actor_lr, buffer_size=cfg.replay_capacity,
-        learning_starts=cfg.td3_start_steps, batch_size=cfg.batch_size, tau=cfg.tau, gamma=cfg.gamma,
+        learning_starts=cfg.initial_steps, batch_size=cfg.batch_size, tau=cfg.tau, gamma=cfg.gamma,
         train_freq=1, gradient_steps=1, action_noise=noise, policy_delay=2,
         target_policy_noise=cfg.policy_noise, target_noise_clip=cfg.noise_clip,
         policy_kwargs={"net_arch": {"pi": list(cfg.hidden), "qf": list(cfg.critic_hidden)}},
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Like our td3: evaluations every eval_every steps once the random start steps are over, and
     # at 25/50/100 % of the budget.
-    n, start = cfg.total_steps, cfg.td3_start_steps
+    n, start = cfg.total_steps, cfg.initial_steps
     points = {p for p in range(args.eval_every, n + 1, args.eval_every) if p >= start} | {n // 4, n // 2, n}
     snapshots: dict[int, list[str]] = {}
     for kind, text in (("steps", args.snapshot_steps), ("interactions", args.snapshot_interactions)):

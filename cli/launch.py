@@ -18,19 +18,9 @@ from pathlib import Path
 import click
 
 from aesrl_queue.config import RunConfig
-from aesrl_queue.local import (  # noqa: F401 - the names tests and cli/main.py use from here
-    STOPPING,
-    JobsFail,
-    LocalRun,
-    Refused,
-    Terminated,
-    _raise_terminated,
-    _received,
-    poll_metrics,
-    write_run_folder,
-)
+from aesrl_queue.local import JobsFail, LocalRun, Refused, Terminated, _raise_terminated, _received
 from aesrl_queue.metrics import MetricsWriter
-from aesrl_queue.progress import Phase, Snapshot, duration  # noqa: F401 - Phase: tests
+from aesrl_queue.progress import Snapshot, duration
 
 log = logging.getLogger(__name__)
 

@@ -78,7 +78,8 @@ def _preset_default(field: str, fmt) -> str:
     for the paper's MuJoCo environments first, then each preset that differs."""
     import dataclasses
 
-    from aesrl_queue.config import ALGO_DEFAULTS, PAPER_ENVS, preset_for
+    from aesrl_queue.algorithms import REGISTRY
+    from aesrl_queue.config import PAPER_ENVS, preset_for
 
     base = next(f.default for f in dataclasses.fields(RunConfig) if f.name == field)
     parts = [f"{fmt(base)} for MuJoCo"]
@@ -86,7 +87,7 @@ def _preset_default(field: str, fmt) -> str:
         value = preset_for(stem).get(field, base)
         if value != base:
             parts.append(f"{fmt(value)} for {env}")
-    parts += [f"{fmt(d[field])} with --algo {a}" for a, d in ALGO_DEFAULTS.items() if field in d]
+    parts += [f"{fmt(a.defaults[field])} with --algo {a.name}" for a in REGISTRY.values() if field in a.defaults]
     return "default: the environment's preset, " + ", ".join(parts)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from aesrl_queue.algorithms import uses_critic
 from aesrl_queue.metrics import read_metrics
 
 # Config fields that never make two runs different algorithms.
@@ -361,7 +362,7 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
         if not st:
             continue
         target = g.runs[0].config.get("rl_ratio")
-        if g.runs[0].config.get("algo") != "es" and (np.nan_to_num(st["rl_share"]) > 0).any():
+        if uses_critic(g.runs[0].config.get("algo", "")) and (np.nan_to_num(st["rl_share"]) > 0).any():
             empty_axes.discard(ax_share)
             ax_share.plot(st["x"], st["rl_share"], color=c, lw=2, marker="o", ms=3)
             if _finite(target):

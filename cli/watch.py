@@ -18,6 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from aesrl_queue.algorithms import uses_critic
 from cli.report import render_line, safe_gather, sparkline
 
 STATUS_STYLE = {"running": "bold green", "draining": "bold yellow", "finished": "bold blue",
@@ -102,7 +103,7 @@ def render_screen(s: dict[str, Any], interval: float = 1.0, error: str = "") -> 
                                f"{s.get('critic_device') or ''}   updated {_dur(age)} ago"
                                + (f"   Q of {s['critic_target']}" if s.get("critic_target") else ""))
     else:
-        grid.add_row("critic", Text("no critic published yet" if s["algo"] != "es" else "none (es)", style="dim"))
+        grid.add_row("critic", Text("no critic published yet" if uses_critic(s["algo"]) else f"none ({s['algo']})", style="dim"))
 
     if s.get("problem"):
         grid.add_row(Text("problem", style="bold red"),

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from aesrl_queue import kernels
+from aesrl_queue.algorithms import algorithm
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import wait_until_reachable, without_retries
@@ -81,8 +81,6 @@ class Scheduler:
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: commit after every read, however fast results come
         self.clock = time.monotonic  # what paces the commits (tests drive it)
-        if cfg.algo in ("aesrl", "es"):
-            kernels.compiled()  # load (or compile, once per machine) the update before the first result
 
     @property
     def version(self) -> int:
@@ -93,7 +91,7 @@ class Scheduler:
         cfg, store = self.cfg, self.store
         if not store.write_config(cfg):
             self.cfg = cfg = store.config()
-        if cfg.algo not in QUEUE_ALGOS:
+        if algorithm(cfg.algo).executor != "queue":
             raise ValueError(f"algo {cfg.algo!r} does not run on the queue; use make_scheduler")
         saved = store.load_checkpoint("optimizer")
         if saved is None:
@@ -121,11 +119,11 @@ class Scheduler:
         # What a synchronous generation needs back: members whose job was forgotten run again, and
         # the trained parameters of RL members that already returned come from their stored individuals.
         self.opt.reconcile(set(self.dispatch.inflight))
-        for key, member in self.opt.needs_individuals().items():
+        for job, member in self.opt.needs_individuals().items():
             try:
-                z = store.get_individual(key)
+                z = store.get_individual(job)
             except CodecError as exc:
-                log.warning("run %s: stored individual %s unusable (%s)", cfg.run_id, key, exc)
+                log.warning("run %s: stored individual of %s unusable (%s)", cfg.run_id, job, exc)
                 z = None
             self.opt.provide(member, z)
         self.last_id = state.get("last_result_id", "0-0") or "0-0"
@@ -160,7 +158,7 @@ class Scheduler:
                 self.setup()
             except OptimizerFailed as exc:
                 self.dispatch.noise_ahead.close()
-                log.error("%s", exc)
+                log.error("%s; see the failed results (`aesrl-queue status`)", exc)
                 self.store.set_state(status="failed", updated_at=time.time())
                 return "failed"
 
@@ -293,7 +291,7 @@ class Scheduler:
                        length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version,
                        f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes), steps=self.counts["steps"],
                        interactions=self.counts["interactions"], random=bool(info.get("random", False)),
-                       ind=res.ind, mirror_z=individual.mirror, mirror_fitness=res.mirror_fitness,
+                       mirror_z=individual.mirror, mirror_fitness=res.mirror_fitness,
                        mirror_length=res.mirror_len, drawn_from=individual.mean)
         try:
             update = self.opt.tell(ev, now=time.time())
@@ -389,7 +387,7 @@ def make_scheduler(client: redis.Redis, blocking_client: redis.Redis, cfg: RunCo
                    stop_event: threading.Event | None = None, device: str | None = "auto"):
     """The scheduler of any --algo: this loop for the queue algorithms, the one-process TD3 for td3
     (which trains on `device`: "auto" is CUDA where torch sees one)."""
-    if cfg.algo == "td3":
+    if algorithm(cfg.algo).executor == "process":
         from scheduler.td3_baseline import TD3Baseline
 
         return TD3Baseline(client, cfg, stop_event=stop_event, device=device)

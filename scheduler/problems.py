@@ -11,10 +11,37 @@ write replaces whatever an earlier scheduler of the run left there, its circuit 
 from __future__ import annotations
 
 from aesrl_queue.connection import client_url
+from aesrl_queue.optimizers.base import (
+    CRITIC_STALLED,
+    GENERATION_GAVE_UP,
+    GENERATION_WAITING,
+    NO_CRITIC_GAVE_UP,
+    NO_CRITIC_WAITING,
+)
 from aesrl_queue.procs import start_critic_command
 from aesrl_queue.store import Store
 
 ORDER = ("jobs", "critic")  # the first source with something to say is shown
+# What each of the optimizers' `critic_problem`s means, (what is wrong, a few words); {wait} is critic_wait.
+CRITIC_PROBLEMS = {
+    NO_CRITIC_WAITING: ("no critic has published weights since the random phase ended: RL jobs are held for "
+                        "critic_wait ({wait:.0f} s), then the run goes on with ES alone", "no critic"),
+    NO_CRITIC_GAVE_UP: ("no critic has published weights within critic_wait ({wait:.0f} s): the run goes on "
+                        "with ES alone, RL starts when a critic publishes", "no critic"),
+    CRITIC_STALLED: ("the critic has trained no step for critic_wait ({wait:.0f} s) and trails the replay by "
+                     "more than critic_lag: jobs go out without waiting for it (is its daemon running?)",
+                     "critic stalled"),
+    GENERATION_WAITING: ("no critic has trained what the generation's RL members need: they are held for "
+                         "critic_wait ({wait:.0f} s), then evaluated without training", "no critic"),
+    GENERATION_GAVE_UP: ("no critic trained within critic_wait ({wait:.0f} s): the generation's RL members are "
+                         "evaluated without training", "no critic"),
+}
+
+
+def critic_line(problem: tuple[str, float]) -> tuple[str, str]:
+    """(what is wrong, a few words) of an optimizer's `critic_problem`."""
+    what, short = CRITIC_PROBLEMS[problem[0]]
+    return what.format(wait=problem[1]), short
 
 
 class ProblemLine:
@@ -32,9 +59,9 @@ class ProblemLine:
             self.sources[source] = line
         self.flush()
 
-    def critic(self, problem: tuple[str, str] | None) -> None:
-        """The optimizer's `critic_problem` (checked after every ask: cheap when unchanged), with the
-        command that starts a critic daemon."""
+    def critic(self, problem: tuple[str, float] | None) -> None:
+        """The optimizer's `critic_problem` (checked after every ask: cheap when unchanged), said in
+        words with the command that starts a critic daemon."""
         if problem == self._critic and self.shown is not None:
             return
         self._critic = problem
@@ -42,7 +69,8 @@ class ProblemLine:
             self.set("critic", None)
             return
         command = start_critic_command(self.store.run_id, client_url(self.store.r))
-        self.set("critic", (f"{problem[0]}; start one: {command}", f"{problem[1]}: {command}"))
+        what, short = critic_line(problem)
+        self.set("critic", (f"{what}; start one: {command}", f"{short}: {command}"))
 
     def flush(self) -> None:
         line = next((self.sources[s] for s in ORDER if s in self.sources), ("", ""))

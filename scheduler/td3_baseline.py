@@ -69,7 +69,7 @@ class TD3Baseline:
         self.updates = 0
         self.f_mu = state.get("f_mu", math.nan) if self.version > 0 else math.nan
         self.best = state.get("best_fitness", -math.inf)
-        self.next_eval = cfg.td3_start_steps
+        self.next_eval = cfg.initial_steps
         if created or (self.total == 0 and store.dist_blobs(0) is None):
             mu = get_flat(self.agent.actor)
             pipe = self.r.pipeline()
@@ -88,7 +88,7 @@ class TD3Baseline:
             ep = store.decode_episode(entry_id, fields)
             self.replay.add_batch(ep["obs"], ep["act"], ep["rew"], ep["next_obs"], ep["done"])
         # The next episode's end evaluates the actor again (the last evaluation may predate the checkpoint).
-        self.next_eval = max(cfg.td3_start_steps, self.total)
+        self.next_eval = max(cfg.initial_steps, self.total)
         store.set_state(status="running", updated_at=time.time())
         log.info("run %s: td3 resumed at %d env steps, %d episodes, %d updates (%s), %d transitions reloaded",
                  cfg.run_id, self.total, self.episodes, self.updates,
@@ -130,7 +130,7 @@ class TD3Baseline:
             if self.stop_event.is_set():
                 status = "stopped"
                 break
-            if self.total < cfg.td3_start_steps:
+            if self.total < cfg.initial_steps:
                 act = env.action_space.sample().astype(np.float32)
             else:
                 with torch.no_grad():
@@ -147,7 +147,7 @@ class TD3Baseline:
             self.total += 1
             ep_ret += float(rew)
             obs = next_obs
-            if self.total > cfg.td3_start_steps and len(replay) >= cfg.batch_size:
+            if self.total > cfg.initial_steps and len(replay) >= cfg.batch_size:
                 if self.graphed:
                     agent.graph_step(replay, cfg.batch_size)
                 else:
@@ -199,7 +199,7 @@ class TD3Baseline:
         entry = {"job": job, "kind": "td3", "steps": self.total, "interactions": self.interactions, "version": version, "p": 0.0,
                  "f_z": ret, "f_mu": self.f_mu, "len": length, "t": time.time(), "worker": "td3", "sigma_mean": 0.0,
                  "sigma_min": 0.0, "sigma_max": 0.0, "moved": 0.0, "duration": 0.0,
-                 "random": self.total <= cfg.td3_start_steps, "rl_steps": 0, "updates": self.updates,
+                 "random": self.total <= cfg.initial_steps, "rl_steps": 0, "updates": self.updates,
                  "evaluated": evaluated}
         pipe = self.r.pipeline()
         store.append_episode(transitions, job, pipe=pipe)

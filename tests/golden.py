@@ -85,7 +85,6 @@ def optimizer_trace(algo: str, results: int = 40, env: str = ENV) -> list[dict[s
         kw: dict[str, Any] = {}
         if spec["kind"] == "rl":
             z = (mu + 0.05 * rng.standard_normal(mu.size)).astype(np.float32)
-            kw["ind"] = f"ind:{spec['n']}"
         else:
             antithetic = cfg.es_antithetic and not spec.get("random")
             ind = noise.rebuild(mu, spec["seed"], var=var, antithetic=antithetic)

@@ -33,7 +33,7 @@ rl_steps_max = 200
 critic_chunk = 200
 critic_wait = 60.0
 population = 4
-td3_start_steps = 400
+initial_steps = 400
 td3_eval_every = 400
 """
 
@@ -72,7 +72,7 @@ def test_which_processes_each_algorithm_needs() -> None:
 def test_baseline_settings_win_over_the_env_preset_and_lose_to_options() -> None:
     td3 = RunConfig.from_preset("Pendulum-v1", algo="td3")
     assert td3.hidden == (256, 256) and td3.actor_lr == 3e-4 and td3.expl_noise == 0.1
-    assert td3.td3_start_steps == 10_000
+    assert td3.initial_steps == 10_000  # its official start steps, over the preset's 2000
     assert RunConfig.from_preset("Pendulum-v1", algo="td3", hidden=(16, 16)).hidden == (16, 16)
     assert RunConfig.from_preset("Pendulum-v1", algo="cemrl").batch_size == 100
     assert RunConfig.from_preset("Pendulum-v1", algo="aesrl").hidden == (64, 64)

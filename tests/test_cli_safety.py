@@ -213,8 +213,8 @@ def test_errors_are_one_line_and_evaluate_reads_run_folders(first_run, tmp_path,
 
 # -- progress -----------------------------------------------------------------------------------------
 def test_progress_line_fits_80_columns_with_f_mu_first():
-    from aesrl_queue.progress import Snapshot
-    from cli.launch import Phase, progress_line
+    from aesrl_queue.progress import Phase, Snapshot
+    from cli.launch import progress_line
 
     cfg = RunConfig.from_preset("Pendulum-v1", run_id="p", total_steps=40_000, initial_steps=2000).resolve()
     st = {"steps": 12_600, "f_mu": -1263.37, "version": 123456, "es_applied": 99999, "rl_applied": 88888,

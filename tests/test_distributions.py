@@ -14,13 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from aesrl_queue import noise
-from aesrl_queue.distributions import (
-    DISTRIBUTIONS,
-    AsyncDistribution,
-    list_variants,
-    make_distribution,
-    make_variant,
-)
+from aesrl_queue.distributions import DISTRIBUTIONS, AsyncDistribution, make_distribution
+from aesrl_queue.rules import AESRL_VAR_RULES, FITNESS_MEAN_RULES
 
 FLOOR32 = np.float32(1e-5)
 TARGET = np.full(4, 0.3)
@@ -29,6 +24,26 @@ TARGET = np.full(4, 0.3)
 def fitness(z: np.ndarray) -> float:
     """Quadratic toy problem with its optimum at TARGET."""
     return -float(np.sum((np.asarray(z, dtype=np.float64) - TARGET) ** 2))
+
+
+def list_variants() -> list[str]:
+    """Every asynchronous distribution this file checks: "aesrl:<mean rule>/<var rule>", "opo", "acem"."""
+    aesrl = [f"aesrl:{m}/{v}" for m in FITNESS_MEAN_RULES for v in AESRL_VAR_RULES]
+    return [*aesrl, "opo", "acem"]
+
+
+def make_variant(variant: str, mu: Any, **params: Any) -> AsyncDistribution:
+    """The distribution a `list_variants()` name stands for."""
+    if variant in ("opo", "acem"):
+        return make_distribution(variant, mu, **params)  # type: ignore[return-value]
+    kind, _, rules = variant.partition(":")
+    mean_rule, _, var_rule = rules.partition("/")
+    if kind != "aesrl" or not mean_rule or not var_rule:
+        raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(list_variants())}")
+    clash = sorted({"mean_rule", "var_rule"} & set(params))
+    if clash:
+        raise ValueError(f"variant {variant!r} already sets {', '.join(clash)}")
+    return make_distribution("aesrl", mu, mean_rule=mean_rule, var_rule=var_rule, **params)  # type: ignore[return-value]
 
 
 def variant_params(variant: str) -> dict[str, Any]:

@@ -78,7 +78,9 @@ def test_numpy_actor_params_round_trip_and_checks():
     with pytest.raises(RuntimeError):
         na.act(np.zeros(5))
     na.set_params(flat)
-    np.testing.assert_array_equal(na.get_params(), flat)
+    # the loaded weights, back in flat layout (torch's (out, in) row-major weight, then the bias)
+    back = np.concatenate([p for wt, b in zip(na._wt, na._b, strict=True) for p in (wt.T.reshape(-1), b)])
+    np.testing.assert_array_equal(back, flat)
     with pytest.raises(ValueError, match=rf"length 3.*expected {flat.size}"):
         na.set_params(flat[:3])
     bad = flat.copy()

@@ -23,8 +23,15 @@ from aesrl_queue.optimizers import (
     load_optimizer,
     make_optimizer,
 )
-from aesrl_queue.optimizers.base import NO_CRITIC_AFTER
+from aesrl_queue.optimizers.base import (
+    CRITIC_STALLED,
+    GENERATION_GAVE_UP,
+    GENERATION_WAITING,
+    NO_CRITIC_AFTER,
+    NO_CRITIC_WAITING,
+)
 from aesrl_queue.optimizers.cem import MAX_TRIES
+from scheduler.problems import critic_line
 
 _CFGS: dict[tuple, RunConfig] = {}
 
@@ -47,7 +54,7 @@ def evaluated(opt, spec: dict, fitness: float, f_mu: float = math.nan, length: i
         z = noise.sample(opt.mean, opt.var, spec["seed"])
     return Evaluated(job=f"opt-j{spec['n']}", kind=spec["kind"], version=spec["version"], z=z,
                      fitness=fitness, length=length, f_mu=f_mu, f_mu_version=spec["version"], steps=steps,
-                     random=spec.get("random", False), ind=f"ind:{spec['n']}" if spec["kind"] == "rl" else "")
+                     random=spec.get("random", False))
 
 
 def tell_rl(opt, spec: dict, gap: float, f_mu: float):
@@ -118,10 +125,11 @@ def test_aesrl_names_a_missing_critic_within_critic_wait_and_clears_it_when_one_
     assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0) == []
     assert opt.critic_problem is None  # a daemon that runs needs seconds to publish
     assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0 + NO_CRITIC_AFTER * wait) == []
-    what, short = opt.critic_problem
+    assert opt.critic_problem == (NO_CRITIC_WAITING, wait)
+    what, short = critic_line(opt.critic_problem)  # what the loop shows
     assert what.startswith("no critic has published") and f"({wait:.0f} s)" in what and short == "no critic"
     assert opt.ask(2, steps=200, inflight=0, critic_version=0, now=10.0 + wait)  # ES alone from here
-    assert "goes on with ES alone" in opt.critic_problem[0]
+    assert "goes on with ES alone" in critic_line(opt.critic_problem)[0]
     opt.ask(2, steps=400, inflight=0, critic_version=1, critic_steps=300, now=20.0 + wait)
     assert opt.critic_problem is None
     # A critic that stops training: named once the lag rule stops holding jobs for it.
@@ -129,7 +137,7 @@ def test_aesrl_names_a_missing_critic_within_critic_wait_and_clears_it_when_one_
     assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t) == []
     assert opt.critic_problem is None
     assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t + wait)
-    assert opt.critic_problem[1] == "critic stalled"
+    assert opt.critic_problem == (CRITIC_STALLED, wait)
     opt.ask(1, steps=3000, inflight=0, critic_version=4, critic_steps=2600, now=t + wait + 1)
     assert opt.critic_problem is None
     # es needs no critic: never a problem.
@@ -149,10 +157,12 @@ def test_cem_names_a_critic_that_does_not_train_for_its_rl_members() -> None:
     assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=1.0 + wait / 2) == []
     assert opt.critic_problem is None
     assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=1.0 + wait * 0.8) == []
-    assert opt.critic_problem[1] == "no critic" and "held for critic_wait" in opt.critic_problem[0]
+    assert opt.critic_problem == (GENERATION_WAITING, wait)
+    assert "held for critic_wait" in critic_line(opt.critic_problem)[0]
     specs = opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=2.0 + wait)
     assert [s["kind"] for s in specs] == ["es"] * 4  # the generation goes on without a critic
-    assert "without training" in opt.critic_problem[0]
+    assert opt.critic_problem == (GENERATION_GAVE_UP, wait)
+    assert "without training" in critic_line(opt.critic_problem)[0]
 
 
 def test_es_never_asks_rl_and_no_job_that_would_overshoot_the_budget() -> None:
@@ -426,8 +436,8 @@ def test_a_generation_resumes_mid_way_from_plain_state() -> None:
     for ev in evs[:4]:  # two RL and two ES members back (members 0, 1, 2 are RL)
         opt.tell(ev)
     twin = roundtrip(opt)
-    assert twin.needs_individuals() == {evs[0].ind: 0, evs[1].ind: 1, evs[2].ind: 2}
-    for _key, member in twin.needs_individuals().items():
+    assert twin.needs_individuals() == {evs[0].job: 0, evs[1].job: 1, evs[2].job: 2}
+    for _job, member in twin.needs_individuals().items():
         twin.provide(member, trained[specs[member]["n"]] if member < 2 else None)  # member 2's individual expired
     twin.reconcile({evs[4].job, evs[5].job})
     assert [s["extra"]["member"] for s in twin.ask(1, steps=300, inflight=2, critic_version=1,
@@ -517,7 +527,7 @@ def test_state_then_load_state_gives_the_same_asks_and_tells(algo, kw, before, a
     except OptimizerFailed:
         return
     twin = roundtrip(opt)
-    for _key, member in twin.needs_individuals().items():  # what the loop fetches from Redis
+    for _job, member in twin.needs_individuals().items():  # what the loop fetches from Redis
         twin.provide(member, opt._z[member])
     from_twin = drive(twin, after, steps0 + 10_000)
     assert drive(opt, after, steps0 + 10_000) == from_twin

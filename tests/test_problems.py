@@ -11,6 +11,7 @@ import time
 import pytest
 
 from aesrl_queue.connection import client_url, connect
+from aesrl_queue.optimizers.base import NO_CRITIC_WAITING
 from aesrl_queue.store import Store
 from scheduler.dispatch import FailureBreaker, failure_cause
 from tests.conftest import ROOT, child_env, wait_for
@@ -47,7 +48,7 @@ def test_failing_jobs_come_before_the_critic_and_each_kind_clears_its_own(client
     breaker = FailureBreaker(store)
     breaker.line.critic(None)  # the loop's first pass: the stale line and circuit breaker go
     assert store.state().get("problem") == "" and store.state().get("breaker") == ""
-    breaker.line.critic(("no critic has published weights", "no critic"))
+    breaker.line.critic((NO_CRITIC_WAITING, 120.0))
     assert store.state()["problem"].endswith(f"start one: aesrl-queue critic start --run pl --redis-url "
                                              f"{client_url(client)}")
     breaker.failure("RuntimeError: torch is missing", kind="rl")

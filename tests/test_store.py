@@ -321,6 +321,7 @@ def test_put_and_get_individual(store: Store) -> None:
     assert key == "aesrl:r1:ind:job-1"
     assert 0 < store.r.ttl(key) <= 120
     np.testing.assert_array_equal(store.get_individual(key), z)
+    np.testing.assert_array_equal(store.get_individual("job-1"), z)  # by the job that stored it
     store.put_individual("job-2", z, ttl=0)
     assert store.r.ttl(store.key("ind:job-2")) > 0  # a TTL of 0 still expires: never kept forever
 

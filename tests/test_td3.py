@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from aesrl_queue import td3
 from aesrl_queue.learners import Agent
 from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.td3 import (
     ReplayBuffer,
-    actor_update,
     critic_update,
     hard_update,
     soft_update,
@@ -26,6 +26,11 @@ from aesrl_queue.td3 import (
 from tests.conftest import ROOT, child_env
 
 SPEC = NetSpec(obs_dim=4, act_dim=2, max_action=1.0, hidden=(16, 16), critic_hidden=(32, 32))
+
+
+def actor_update(actor, critic, actor_opt, obs) -> float:
+    """One actor step of an RL job (the step train_actor repeats); returns the loss."""
+    return float(td3._actor_step(actor, critic, actor_opt, obs).item())
 
 
 @pytest.fixture(autouse=True)

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from aesrl_queue import noise
-from aesrl_queue.config import ASYNC_ALGOS, RunConfig
+from aesrl_queue import kernels, noise
+from aesrl_queue.algorithms import algorithm
+from aesrl_queue.config import RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
@@ -36,14 +37,12 @@ from aesrl_queue.optimizers.base import (
     JobSpec,
     OwnsDistribution,
     Update,
-    critic_problem,
     finite,
     job_seed,
 )
 
 log = logging.getLogger(__name__)
 
-ALGOS = ASYNC_ALGOS
 # An RL job trains as many actor steps as the last 10 evaluated episodes stored (the paper's window),
 # at most rl_steps_max.
 RL_STEPS_WINDOW = 10
@@ -56,30 +55,34 @@ def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool
 
 
 def uses_rl(cfg: RunConfig) -> bool:
-    """Whether an asynchronous run makes RL jobs (and so needs a critic)."""
-    return cfg.algo != "es" and cfg.rl_ratio > 0
+    """Whether a run makes RL jobs (and so needs a critic): an algorithm with a learner, rl_ratio > 0."""
+    return algorithm(cfg.algo).learner and cfg.rl_ratio > 0
+
+
+# The distribution an asynchronous algorithm's entry names, with its settings from the config.
+_DISTRIBUTIONS = {
+    "aesrl": lambda cfg: dict(mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
+                              negative_ratio=cfg.negative_ratio, positive_ratio=cfg.positive_ratio,
+                              fixed_n=cfg.fixed_n, var_init=cfg.var_init, var_floor=cfg.var_floor),
+    "opo": lambda cfg: dict(var_init=cfg.var_init, var_floor=cfg.var_floor),
+    "acem": lambda cfg: dict(var_init=cfg.var_init),
+}
 
 
 def build_distribution(cfg: RunConfig, mu: np.ndarray):
-    """The search distribution an asynchronous algorithm uses, from the config."""
-    if cfg.algo in ("aesrl", "es"):
-        return make_distribution("aesrl", mu, mean_rule=cfg.mean_rule, var_rule=cfg.var_rule, r=cfg.fitness_scale,
-                                 negative_ratio=cfg.negative_ratio,
-                                 positive_ratio=cfg.positive_ratio, fixed_n=cfg.fixed_n,
-                                 var_init=cfg.var_init, var_floor=cfg.var_floor)
-    if cfg.algo == "opo":
-        return make_distribution("opo", mu, var_init=cfg.var_init, var_floor=cfg.var_floor)
-    if cfg.algo == "acemrl":
-        return make_distribution("acem", mu, var_init=cfg.var_init)
-    raise ValueError(f"algo {cfg.algo!r} has no asynchronous distribution; use one of {', '.join(ALGOS)}")
+    """The search distribution an asynchronous algorithm uses, from its registry entry and the config."""
+    name = algorithm(cfg.algo).options.get("distribution")
+    if name not in _DISTRIBUTIONS:
+        raise ValueError(f"algo {cfg.algo!r} has no asynchronous distribution")
+    if name == "aesrl":
+        kernels.compiled()  # load (or compile, once per machine) its update before the first result
+    return make_distribution(name, mu, **_DISTRIBUTIONS[name](cfg))
 
 
 class AesrlOptimizer(OwnsDistribution):
     """One asynchronous run: ask jobs, tell results one at a time (update after every result)."""
 
     def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
-        if cfg.algo not in ALGOS:
-            raise ValueError(f"AesrlOptimizer runs {', '.join(ALGOS)}, not {cfg.algo!r}")
         self.cfg = cfg
         self.rl = uses_rl(cfg)
         self.dist = build_distribution(cfg, mu0)
@@ -99,7 +102,7 @@ class AesrlOptimizer(OwnsDistribution):
         # holding jobs for a critic that trails the replay: (since, critic steps then) on the clock
         self._lag_wait: tuple[float, int] | None = None
         self._lag_holding = False  # the last ask held jobs for it (a stalled critic no longer does)
-        self._critic_problem: tuple[str, str] | None = None  # what `critic_problem` reports
+        self._critic_problem: tuple[str, float] | None = None  # what `critic_problem` reports
 
     # -- what the loop reads ---------------------------------------------------------------------
     @property
@@ -108,11 +111,10 @@ class AesrlOptimizer(OwnsDistribution):
         return self._critic_wait_since is not None or self._lag_holding
 
     @property
-    def critic_problem(self) -> tuple[str, str] | None:
-        """(what is wrong, a few words) while the run lacks a critic, as of the last `ask`: none has
+    def critic_problem(self) -> tuple[str, float] | None:
+        """(which problem, critic_wait) while the run lacks a critic, as of the last `ask`: none has
         published NO_CRITIC_AFTER·critic_wait after the random phase, or the critic stopped training
-        for critic_wait; None once a critic publishes (or trains again). The loop shows it with the
-        command that starts one."""
+        for critic_wait; None once a critic publishes (or trains again). The loop says what it means."""
         return self._critic_problem
 
     def done(self, steps: int) -> bool:
@@ -161,13 +163,13 @@ class AesrlOptimizer(OwnsDistribution):
             waited = now - self._critic_wait_since
             if waited < cfg.critic_wait:
                 if waited >= NO_CRITIC_AFTER * cfg.critic_wait:
-                    self._critic_problem = critic_problem(NO_CRITIC_WAITING, cfg.critic_wait)
+                    self._critic_problem = (NO_CRITIC_WAITING, cfg.critic_wait)
                 return []
-            self._critic_problem = critic_problem(NO_CRITIC_GAVE_UP, cfg.critic_wait)
+            self._critic_problem = (NO_CRITIC_GAVE_UP, cfg.critic_wait)
             if now - self._warned_no_critic > 60:
                 self._warned_no_critic = now
-                log.warning("run %s: %d steps stored but no critic published yet — is `aesrl-queue critic start "
-                            "--run %s` running? dispatching ES jobs meanwhile", cfg.run_id, steps, cfg.run_id)
+                log.warning("run %s: %d steps stored but no critic published yet; dispatching ES jobs meanwhile",
+                            cfg.run_id, steps)
         self._lag_holding = rl_ready and self._critic_behind(steps, critic_steps, now)
         if self._lag_holding:
             return []
@@ -207,12 +209,11 @@ class AesrlOptimizer(OwnsDistribution):
             return True
         if now - self._lag_wait[0] < cfg.critic_wait:
             return True
-        self._critic_problem = critic_problem(CRITIC_STALLED, cfg.critic_wait)
+        self._critic_problem = (CRITIC_STALLED, cfg.critic_wait)
         if now - self._warned_no_critic > 60:
             self._warned_no_critic = now
-            log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps — "
-                        "is `aesrl-queue critic start --run %s` running? dispatching meanwhile", cfg.run_id,
-                        now - self._lag_wait[0], steps - critic_steps, cfg.run_id)
+            log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps; "
+                        "dispatching meanwhile", cfg.run_id, now - self._lag_wait[0], steps - critic_steps)
         return False
 
     # -- tell ------------------------------------------------------------------------------------

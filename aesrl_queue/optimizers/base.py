@@ -22,23 +22,13 @@ JobSpec = dict[str, Any]
 # default 120 s) most likely has none: that is when `critic_problem` names it.
 NO_CRITIC_AFTER = 0.25
 
-# What `critic_problem` reports, (what is wrong, a few words); the loop adds the command that starts
-# a critic daemon for the run.
-NO_CRITIC_WAITING = ("no critic has published weights since the random phase ended: RL jobs are held for "
-                     "critic_wait ({wait:.0f} s), then the run goes on with ES alone", "no critic")
-NO_CRITIC_GAVE_UP = ("no critic has published weights within critic_wait ({wait:.0f} s): the run goes on "
-                     "with ES alone, RL starts when a critic publishes", "no critic")
-CRITIC_STALLED = ("the critic has trained no step for critic_wait ({wait:.0f} s) and trails the replay by "
-                  "more than critic_lag: jobs go out without waiting for it (is its daemon running?)",
-                  "critic stalled")
-GENERATION_WAITING = ("no critic has trained what the generation's RL members need: they are held for "
-                      "critic_wait ({wait:.0f} s), then evaluated without training", "no critic")
-GENERATION_GAVE_UP = ("no critic trained within critic_wait ({wait:.0f} s): the generation's RL members are "
-                      "evaluated without training", "no critic")
-
-
-def critic_problem(what: tuple[str, str], wait: float) -> tuple[str, str]:
-    return what[0].format(wait=wait), what[1]
+# What `critic_problem` reports, with the seconds of critic_wait: scheduler/problems.py says what
+# each means and how to start a critic.
+NO_CRITIC_WAITING = "no critic, waiting"  # jobs are held for critic_wait
+NO_CRITIC_GAVE_UP = "no critic, going on"  # the run goes on with ES alone until a critic publishes
+CRITIC_STALLED = "critic stalled"  # no trained step for critic_wait: jobs go out without waiting
+GENERATION_WAITING = "no critic for the generation, waiting"  # its RL members are held
+GENERATION_GAVE_UP = "no critic for the generation, going on"  # its RL members run untrained
 
 
 def job_seed(run_seed: int, n: int) -> int:
@@ -78,7 +68,6 @@ class Evaluated:
     steps: int = -1  # the run's stored steps after this episode (-1: unknown)
     interactions: int = -1
     random: bool = False  # a random-action episode (the random phase)
-    ind: str = ""  # RL: the key of the stored trained individual (opaque here; the loop reads it back)
     # an antithetic ES job (es_antithetic): μ − σ·ε, its return and episode length; f_mu is the pair's mean
     mirror_z: np.ndarray | None = None
     mirror_fitness: float = math.nan

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from aesrl_queue import noise
+from aesrl_queue.algorithms import algorithm
 from aesrl_queue.config import RunConfig
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
@@ -28,7 +29,6 @@ from aesrl_queue.optimizers.base import (
     OptimizerFailed,
     OwnsDistribution,
     Update,
-    critic_problem,
     finite,
     generation_seed,
     job_id,
@@ -36,7 +36,6 @@ from aesrl_queue.optimizers.base import (
 
 log = logging.getLogger(__name__)
 
-ALGOS = ("cemrl", "pcemrl")
 MAX_TRIES = 3  # dispatches of one member (lost or failed jobs) before the generation goes on without it
 
 
@@ -51,10 +50,11 @@ class CemOptimizer(OwnsDistribution):
     """CEM-RL (`cemrl`: serial, one job in flight) and P-CEM-RL (`pcemrl`: a generation at once)."""
 
     def __init__(self, cfg: RunConfig, mu0: np.ndarray) -> None:
-        if cfg.algo not in ALGOS:
-            raise ValueError(f"CemOptimizer runs {', '.join(ALGOS)}, not {cfg.algo!r}")
+        options = algorithm(cfg.algo).options
+        if "serial" not in options:
+            raise ValueError(f"algo {cfg.algo!r} does not run generations of CEM")
         self.cfg = cfg
-        self.serial = cfg.algo == "cemrl"
+        self.serial = bool(options["serial"])  # cemrl: one member at a time; pcemrl: a generation at once
         self.dist = build_cem(cfg, mu0)
         self.gen: dict[str, Any] | None = None  # the open generation (plain data)
         self.generation = 0  # index of the next generation to start
@@ -65,19 +65,19 @@ class CemOptimizer(OwnsDistribution):
         self.f_mu, self.best, self.best_kept = math.nan, -math.inf, -math.inf
         self.no_critic_gen = -1  # generation in which the critic did not come; its RL members run as ES
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
-        self._need: dict[str, int] = {}  # stored individuals to fetch after a restart -> member
+        self._need: dict[str, int] = {}  # jobs whose stored individual to fetch after a restart -> member
         self._critic_wait: dict[str, Any] | None = None  # holds a clock value: not state
-        self._critic_problem: tuple[str, str] | None = None  # what `critic_problem` reports
+        self._critic_problem: tuple[str, float] | None = None  # what `critic_problem` reports
 
     @property
     def waiting(self) -> bool:
         return self._critic_wait is not None
 
     @property
-    def critic_problem(self) -> tuple[str, str] | None:
-        """(what is wrong, a few words) while the generation's RL members wait for a critic that has
+    def critic_problem(self) -> tuple[str, float] | None:
+        """(which problem, critic_wait) while the generation's RL members wait for a critic that has
         not trained a step for NO_CRITIC_AFTER·critic_wait, or went without one; None once a critic
-        has trained what they need. The loop shows it with the command that starts one."""
+        has trained what they need. The loop says what it means."""
         return self._critic_problem
 
     def done(self, steps: int) -> bool:
@@ -182,14 +182,13 @@ class CemOptimizer(OwnsDistribution):
         if critic_steps > w["trained"]:  # a critic that trains (serial CEM-RL asks for many steps) is there
             w.update(trained=critic_steps, moved=now)
         elif now - w["moved"] >= NO_CRITIC_AFTER * cfg.critic_wait:
-            self._critic_problem = critic_problem(GENERATION_WAITING, cfg.critic_wait)
+            self._critic_problem = (GENERATION_WAITING, cfg.critic_wait)
         if now - w["since"] > cfg.critic_wait:
-            log.warning("run %s: no critic trained within %.0fs — is `aesrl-queue critic start --run %s` running? "
-                        "generation %d evaluates its RL members without training", cfg.run_id, cfg.critic_wait,
-                        cfg.run_id, self.gen["g"])
+            log.warning("run %s: no critic trained within %.0fs; generation %d evaluates its RL members without "
+                        "training", cfg.run_id, cfg.critic_wait, self.gen["g"])
             self.no_critic_gen = self.gen["g"]
             self._critic_wait = None
-            self._critic_problem = critic_problem(GENERATION_GAVE_UP, cfg.critic_wait)
+            self._critic_problem = (GENERATION_GAVE_UP, cfg.critic_wait)
             return True
         return False
 
@@ -210,7 +209,7 @@ class CemOptimizer(OwnsDistribution):
             raise ValueError(f"job {ev.job} used version {ev.version}, generation {self.gen['g']} is version "
                              f"{self.version}")
         m = self.gen["members"][i]
-        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length), ind=ev.ind)
+        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length))
         if finite(ev.f_mu) and ev.f_mu_version == self.version:
             m["f_mu"] = float(ev.f_mu)
         self._z[i] = ev.z
@@ -266,7 +265,7 @@ class CemOptimizer(OwnsDistribution):
             return None
         if sum(mm["done"] for mm in members) < self.cfg.population // 2:
             raise OptimizerFailed(f"run {self.cfg.run_id}: generation {self.gen['g']} lost more than half its "
-                                  "members; see the failed results (`aesrl-queue status`)")
+                                  "members")
         update = self._tell_generation()
         update.applied = False
         return update
@@ -279,13 +278,14 @@ class CemOptimizer(OwnsDistribution):
                 m["job"] = ""
 
     def needs_individuals(self) -> dict[str, int]:
-        """The stored individuals (their keys) of RL members that returned before a restart -> member."""
+        """The jobs of RL members that returned before a restart -> member: the loop reads the
+        individual each job stored and hands it to `provide`."""
         return dict(self._need)
 
     def provide(self, member: int, z: np.ndarray | None) -> None:
         """The stored individual of an RL member, or None when it is gone: the member runs again."""
         m = self.gen["members"][member]
-        self._need.pop(m.get("ind", ""), None)
+        self._need.pop(m["job"], None)
         if z is None:
             log.warning("run %s: RL member %d of generation %d is gone; evaluating it again", self.cfg.run_id,
                         member, self.gen["g"])
@@ -320,7 +320,7 @@ class CemOptimizer(OwnsDistribution):
             if not m["done"]:
                 continue
             if m["kind"] == "rl":
-                self._need[m["ind"]] = i
+                self._need[m["job"]] = i
             else:
                 self._z[i] = noise.sample(self.dist.mean, self.dist.var, m["seed"])
         return self
