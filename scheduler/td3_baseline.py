@@ -57,7 +57,7 @@ class TD3Baseline:
         self.spec = NetSpec.from_config(cfg)
         # the learner's own policy delay: TD3's every second critic step, CrossQ's every third
         # On CUDA each iteration is replayed from a captured graph (Agent.graph_step): a CrossQ step is
-        # ~400 small kernels, whose launches from Python set the pace (bench/learners.py micro)
+        # hundreds of small kernels, whose launches from Python set the pace (bench/learners.py micro)
         self.graphed = self.device.type == "cuda"
         self.agent = Agent(self.spec, cfg.learner, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau,
                            policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip, device=self.device,
