@@ -143,15 +143,16 @@ def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
 
 
 def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs: Path,
-          steps: int = 100_000) -> dict[str, Any]:
+          steps: int = 100_000, quick: bool = False) -> dict[str, Any]:
+    """quick: the learning protocol's --quick settings (Pendulum-sized networks and budget), for tests."""
+    from aesrl_queue.config import LEARNER_DEFAULTS
     from bench import learning
 
     algo = f"td3-{learner}"
-    from aesrl_queue.config import LEARNER_DEFAULTS
-
-    own = {k: list(v) if isinstance(v, tuple) else v for k, v in LEARNER_DEFAULTS[learner].items()}
-    protocol = {**learning.PROTOCOL, "budget_steps": steps,
-                "algos": {algo: {"algo": "td3", "learner": learner, **own}}}
+    own = {k: list(v) if isinstance(v, tuple) else v for k, v in LEARNER_DEFAULTS[learner].items()
+           if not quick or k not in ("critic_hidden",)}
+    base = learning.QUICK if quick else {**learning.PROTOCOL, "budget_steps": steps}
+    protocol = {**base, "algos": {algo: {"algo": "td3", "learner": learner, **own}}}
     runs.mkdir(parents=True, exist_ok=True)
     procs: dict[tuple[str, int], tuple[subprocess.Popen, float]] = {}
     for env in envs:

@@ -1,0 +1,23 @@
+"""bench/learners.py: the micro table from real learner steps, and `alone` end to end on the learning
+protocol's --quick settings (real `aesrl-queue run` processes, snapshots scored on fixed starts)."""
+
+from __future__ import annotations
+
+from bench import learners
+
+
+def test_micro_times_each_learner_and_tables_them_against_td3() -> None:
+    rows = [learners.micro_row(name, (32, 32), "cpu", 0.2) for name in ("td3", "crossq")]
+    assert all(r["eager_steps_per_s"] > 0 for r in rows)
+    table = learners.micro_table({"rows": [{**rows[0], "critic": "256-256"}, rows[1]], "info": {}})
+    assert table.splitlines()[1].split()[-1] == "1.00" and "crossq" in table
+
+
+def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
+    data = learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True)
+    (cell,) = data["cells"]
+    assert "error" not in cell, cell
+    assert cell["steps"] == 1200 and cell["wall_s"] > 0
+    assert set(cell["scores"]) >= {"25", "50", "100"}
+    assert all(len(v["returns"]) == 10 for v in cell["scores"].values())
+    assert "Pendulum-v1" in learners.alone_table(data)
