@@ -11,6 +11,7 @@ counts: one runs again only after a crash, which stays in the file.
     python bench/learning.py --report              the tables and P(improvement); writes "summary"
     python bench/learning.py --cells Hopper-v5:aesrl-rl10k:1   an ablation or development cell (dev file)
     python bench/learning.py --quick               the machinery on Pendulum-v1 in a temporary folder
+    python bench/learning.py --rerun Walker2d-v5:td3:101 --repo ../frozen   one recorded cell again, side by side
 """
 
 from __future__ import annotations
@@ -117,6 +118,93 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+# What decides a numpy episode's last digits besides the code and the pins: the processor and the BLAS
+# kernel OpenBLAS picks for it (OPENBLAS_CORETYPE overrides the pick; OPENBLAS_L2_SIZE its blocking).
+BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+             "MKL_CBWR", "ATEN_CPU_CAPABILITY", "NPY_DISABLE_CPU_FEATURES")
+
+
+def machine_facts(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The processor, the BLAS libraries as threadpoolctl reports them (the kernel each picked), numpy's
+    CPU features, and the variables of BLAS_VARS as a cell's processes see them (`env`)."""
+    import platform
+
+    import numpy
+
+    env = os.environ if env is None else env
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [{k: v for k, v in lib.items() if k in ("internal_api", "version", "architecture", "num_threads",
+                                                        "threading_layer", "prefix")} for lib in threadpool_info()]
+    except ImportError:
+        blas = "threadpoolctl is not installed (pip install threadpoolctl)"
+    features = numpy.show_config(mode="dicts").get("SIMD Extensions", {}).get("found", [])
+    return {"cpu": model, "cores": os.cpu_count(), "blas": blas, "numpy_simd": features,
+            "env": {k: env[k] for k in BLAS_VARS if k in env}}
+
+
+def cell_machine_facts(protocol: dict[str, Any]) -> dict[str, Any]:
+    """machine_facts() as a cell's processes see them: read in a process with the cell's environment."""
+    code = "import json, sys; sys.path.insert(0, '.'); from bench.learning import machine_facts; print(json.dumps(machine_facts()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=cell_env(protocol), capture_output=True,
+                         text=True, timeout=120)
+    return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-500:]}
+
+
+def rerun(path: Path, item: str, repo: Path, out_dir: Path) -> int:
+    """Run one recorded cell again, with the protocol and settings its file declares and the code of
+    `repo` (a checkout of the declared commit), into a folder of its own; print its returns on the fixed
+    starts beside the recorded ones. 0 when every recorded score is reproduced exactly."""
+    data = load(path)
+    protocol = data["protocol"]
+    if protocol is None:
+        raise Refused(f"{path.name} declares no protocol")
+    env, algo, seed = item.split(":")
+    key = (env, algo, int(seed))
+    row = next((r for r in data["rows"] if cell_key(r) == key), None)
+    if row is None:
+        raise Refused(f"{path.name} holds no row for {item}")
+    head = git(repo, "rev-parse", "HEAD").stdout.strip()
+    notes = [f"code: {repo} at {head[:12]}" + ("" if head == protocol["commit"] else
+                                                f", NOT the declared commit {protocol['commit'][:12]}")]
+    versions = package_versions()
+    notes += [f"{n} {versions.get(n)} installed, the row ran on {v}" for n, v in row["versions"].items()
+              if versions.get(n) != v]
+    facts = cell_machine_facts(protocol)
+    if row.get("machine"):
+        notes += [f"{k}: {facts.get(k)!r} here, {v!r} in the row" for k, v in row["machine"].items() if facts.get(k) != v]
+    else:
+        notes.append(f"the row records no machine facts; here: {facts['cpu']}, BLAS {facts['blas']}, env {facts['env']}")
+    print("\n".join(notes), flush=True)
+    folder, wall, outcome = run_cell(*key, protocol, out_dir / "rerun", TIMEOUT_MIN["full"], repo=repo)
+    if outcome != "ok":
+        print(f"the rerun did not finish: {outcome} (log beside {folder})")
+        return 2
+    got = read_run(folder, algo, protocol)["scores"]
+    same = True
+    print(f"{item}, rerun in {folder} ({wall / 60:.1f} min)")
+    print(f"{'milestone':>9} {'recorded':>10} {'rerun':>10}  returns on the {len(protocol['eval_seeds'])} starts")
+    for name, want in row["scores"].items():
+        have = got.get(name)
+        if have is None:
+            print(f"{name:>9} {want['mean']:10.1f} {'-':>10}  not reached")
+            same = False
+            continue
+        exact = have["returns"] == want["returns"]
+        same &= exact
+        diff = max(abs(a - b) for a, b in zip(have["returns"], want["returns"], strict=True))
+        print(f"{name:>9} {want['mean']:10.1f} {have['mean']:10.1f}  "
+              + ("identical" if exact else f"differ, by up to {diff:.1f}"))
+    return 0 if same else 1
+
+
 def row_refusals(row: dict[str, Any], protocol: dict[str, Any]) -> list[str]:
     """Why `row` is not a cell of the declared protocol, or ran on other versions than its pins."""
     out = []
@@ -205,18 +293,34 @@ def cell_settings(algo: str, protocol: dict[str, Any]) -> dict[str, Any]:  # the
     return {**protocol["shared"], **(protocol["algos"].get(algo) or ABLATIONS[algo])}
 
 
-def cell_command(env: str, algo: str, seed: int, protocol: dict[str, Any], folder: Path, cfg_file: Path) -> list[str]:
-    """The command of one cell; every setting but the seed and budget is in `cfg_file`."""
+def cell_command(env: str, algo: str, seed: int, protocol: dict[str, Any], folder: Path, cfg_file: Path,
+                 repo: Path = ROOT) -> list[str]:
+    """The command of one cell (the code of `repo` runs it); every setting but the seed and budget is in
+    `cfg_file`."""
     marks = {kind: ",".join(str(n) for k, n in protocol["milestones"].values() if k == kind)
              for kind in ("steps", "interactions")}
     snap = ["--snapshot-steps", marks["steps"], "--snapshot-interactions", marks["interactions"]]
     if algo == "sb3-td3":
-        return [sys.executable, str(ROOT / "bench" / "sb3_td3.py"), "--env", env, "--seed", str(seed), "--steps",
+        return [sys.executable, str(repo / "bench" / "sb3_td3.py"), "--env", env, "--seed", str(seed), "--steps",
                 str(protocol["budget_steps"]), "--out", str(folder), "--config", str(cfg_file),
                 "--eval-every", str(protocol["shared"]["td3_eval_every"]), *snap]
     return [sys.executable, "-m", "cli.main", "run", "--config", str(cfg_file), "--seed", str(seed),
             "--steps", str(protocol["budget_steps"]), "--workers", str(protocol["workers"]),
             "--out", str(folder.parent), "--run-id", folder.name, "--snapshot-every", "0", *snap]
+
+
+def cell_env(protocol: dict[str, Any]) -> dict[str, str]:
+    """The environment of a cell's processes: one thread each, no outside Redis, and the protocol's
+    `blas` variables set (or, where it names them with None, unset), so the same cell gives the same
+    episodes on every machine of a CPU kind whatever that machine's own settings."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("AESRL_REDIS_URL", None)  # every cell starts its own embedded Redis
+    for name, value in (protocol.get("blas") or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = str(value)
+    return env
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -233,7 +337,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_cell(env: str, algo: str, seed: int, protocol: dict[str, Any], runs_dir: Path,
-             timeout_min: float) -> tuple[Path, float, str]:
+             timeout_min: float, repo: Path = ROOT) -> tuple[Path, float, str]:
     """Run one cell in its own process group: (run folder, wall s, "ok" or what went wrong)."""
     folder = runs_dir / env / f"{algo}-s{seed}"
     if folder.exists():  # left by a crashed attempt, which the crashes list records
@@ -242,13 +346,12 @@ def run_cell(env: str, algo: str, seed: int, protocol: dict[str, Any], runs_dir:
     settings = {k: v for k, v in cell_settings(algo, protocol).items() if k != "algo" or algo != "sb3-td3"}
     cfg_file = folder.with_name(folder.name + ".config.json")
     cfg_file.write_text(json.dumps({"env_id": env, **settings} if algo != "sb3-td3" else settings))
-    cmd = cell_command(env, algo, seed, protocol, folder, cfg_file)
-    env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env_vars.pop("AESRL_REDIS_URL", None)  # every cell starts its own embedded Redis
+    cmd = cell_command(env, algo, seed, protocol, folder, cfg_file, repo)
+    env_vars = cell_env(protocol)
     t0 = time.monotonic()
     with open(folder.with_name(folder.name + ".log"), "w") as log:
         print(" ".join(cmd), file=log, flush=True)
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=repo, env=env_vars, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_min * 60)
@@ -392,6 +495,7 @@ def run_cells(cells: list[tuple[str, str, int]], protocol: dict[str, Any], path:
         commit = git(repo or ROOT, "rev-parse", "HEAD").stdout.strip()
         print(f"[{i}/{len(cells)}] {env}:{algo}:{seed} ...", end=" ", flush=True)
         base = {"env": env, "algo": algo, "seed": seed, "commit": commit, "versions": package_versions(),
+                "machine": cell_machine_facts(protocol),
                 "loadavg": [[round(x, 2) for x in os.getloadavg()]]}  # at the start; the end is added
         try:
             folder, wall, outcome = run_cell(env, algo, seed, protocol, runs_dir, timeout_min)
@@ -454,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", default="", help="env:algo:seed,... ablation or development cells (dev file)")
     ap.add_argument("--report", action="store_true", help="print the report and write it into the summary")
     ap.add_argument("--quick", action="store_true", help="Pendulum-v1, tiny budget, temporary folder")
+    ap.add_argument("--rerun", metavar="ENV:ALGO:SEED", help="run one recorded cell again into OUT/rerun and "
+                    "print its returns beside the recorded ones (exit 0 when all are identical)")
+    ap.add_argument("--repo", type=Path, default=ROOT, help="--rerun: the checkout whose code runs the cell "
+                    "(a worktree of the declared commit; default this one)")
+    ap.add_argument("--file", type=Path, default=None, help="--rerun: the results file (default the report file)")
     ap.add_argument("--out-dir", type=Path, default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through run_cell
@@ -461,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     path, runs_dir = out / "learning-protocol.json", out / "learning-protocol"
     print(f"results: {path}", flush=True)
     try:
+        if args.rerun:
+            return rerun(args.file or path, args.rerun, args.repo.resolve(), out)
         if args.declare:
             print(json.dumps(declare(path, args.declare), indent=1))
         elif args.cells:

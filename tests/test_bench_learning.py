@@ -211,6 +211,15 @@ def test_quick_scores_snapshots_in_a_temporary_folder():
             by["td3"]["scores"]["100"]["returns"]
         assert data["summary"]["Pendulum-v1"]["100"]["algos"]["td3"]["n"] == 1
         assert "P(aesrl > td3)" in proc.stdout
+        # every row records the processor and the BLAS kernel its processes picked
+        assert all(r["machine"]["cpu"] and r["machine"]["blas"] for r in data["rows"])
+        # a recorded cell runs again into a folder of its own and gives the same returns (td3 alone is
+        # deterministic)
+        again = subprocess.run([sys.executable, "bench/learning.py", "--rerun", "Pendulum-v1:td3:101", "--file",
+                                str(out_dir / "learning-protocol.json"), "--out-dir", str(out_dir)], cwd=ROOT,
+                               env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert again.stdout.count("identical") == 6 and (out_dir / "rerun" / "Pendulum-v1" / "td3-s101").is_dir()
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     assert committed_results() == before
