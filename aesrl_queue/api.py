@@ -19,6 +19,8 @@ import importlib
 import json
 import math
 import os
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import numpy as np
 
 from aesrl_queue.config import ConfigError, RunConfig
 from aesrl_queue.envs import ENV_IDS, ENVS_VAR
-from aesrl_queue.local import JobsFail, LocalRun, Refused
+from aesrl_queue.local import JobsFail, LocalRun, Refused, Terminated, _raise_terminated, _received
 from aesrl_queue.progress import Snapshot
 
 ENVS_FILE = "envs.json"  # the registrations a run's environment needs (see _env_registration)
@@ -135,10 +137,29 @@ class _Bar:
         self.bar.close()
 
 
+def _catch_termination() -> dict[int, Any]:
+    """SIGTERM and SIGHUP stop the run as Ctrl-C does (Terminated, raised where the run is), so that a
+    batch script (`nohup python train.py &`, whose SIGINT the shell ignores) is stopped with `kill`
+    and still writes policy.npz and summary.json. Only a signal left at its default (which would end
+    the process without clean-up) is caught, and only from the main thread (the only one Python
+    delivers signals to): a handler of the caller's own, or nohup's ignored SIGHUP, stays as it is.
+    Returns the handlers to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    _received.clear()
+    caught = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            caught[signum] = signal.signal(signum, _raise_terminated)
+    return caught
+
+
 def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
     bar = None
     outcome = ""
     jobs_fail = False  # stopped by JobsFail: the run folder holds the run, to resume once fixed
+    terminated = ""  # the signal that ended the run: the process then exits as that signal asks
+    caught = _catch_termination()
     try:
         try:
             local.start()
@@ -155,16 +176,30 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
     except KeyboardInterrupt:
         outcome = "interrupted"
         raise
+    except Terminated as exc:
+        terminated = str(exc)
+        outcome = f"terminated ({terminated})"
     except BaseException as exc:
         outcome = outcome or f"stopped by {type(exc).__name__}"
         raise
     finally:
-        local.close(outcome)  # first: it holds a second Ctrl-C back from the files it writes
-        if bar is not None:
-            bar.close()
-        if outcome == "interrupted":
-            say(f"interrupted: {local.run_dir} holds the run so far; aesrl_queue.load({str(local.run_dir)!r})"
-                ".resume() continues it")
+        for signum in caught:  # a second SIGTERM must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            local.close(outcome)  # first: it holds a second Ctrl-C back from the files it writes
+            if bar is not None:
+                bar.close()
+            if outcome == "interrupted" or terminated:
+                say(f"{outcome}: {local.run_dir} holds the run so far; aesrl_queue.load({str(local.run_dir)!r})"
+                    ".resume() continues it")
+        finally:
+            for signum, handler in caught.items():
+                signal.signal(signum, handler)
+    if terminated:
+        # What the signal would have done, after the clean-up: end the process (exit status 128 + N,
+        # as a shell reports a process that a signal ended). SystemExit runs the caller's `finally`
+        # blocks and passes their `except Exception`.
+        raise SystemExit(128 + signal.Signals[terminated].value)
     if jobs_fail:
         raise RunError(f"{outcome}; fix the cause, then aesrl_queue.load({str(local.run_dir)!r}).resume() "
                        f"continues the run (logs in {local.run_dir / 'logs'})")

@@ -1,6 +1,6 @@
 """The Python API (aesrl_queue.train / load / Run) from plain Python scripts, on real processes:
-a run to completion, a run interrupted with Ctrl-C (SIGINT) and resumed, a user-registered env, a run
-whose jobs all fail."""
+a run to completion, a run interrupted with Ctrl-C (SIGINT) and resumed, a batch run stopped with SIGTERM,
+a user-registered env, a run whose jobs all fail."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.conftest import child_env, default_sigint, wait_for
+from tests.conftest import child_env, default_sigint, descendants, wait_for
 
 SMALL = "hidden=(16, 16), critic_hidden=(32, 32), initial_steps=400, workers=2"
 
@@ -120,6 +121,55 @@ def test_ctrl_c_stops_train_and_load_resume_finishes_it(tmp_path) -> None:
     assert out["summary"]["status"] == "finished" and out["summary"]["steps"] >= budget, out["summary"]
     assert out["total"] == budget and out["after"] > out["before"] > 0
     assert len(out["ev"]["returns"]) == 2
+
+
+def _ignore_sigint() -> None:
+    """In a child before exec: SIGINT ignored, as `nohup python script.py &` starts it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_nohup_train_and_writes_the_policy_and_summary(tmp_path) -> None:
+    """A batch script (SIGINT ignored, as under `nohup ... &`) is stopped with `kill`: train() stops the
+    children, writes policy.npz and summary.json, says how to resume, runs the caller's `finally` and
+    exits with 143, as a process that SIGTERM ended."""
+    err_path = tmp_path / "train.err"
+    cmd = script(tmp_path, "batch", f"""
+        try:
+            aq.train("Pendulum-v1", steps=40_000, out="runs", run_id="term", {SMALL})
+        except Exception as exc:
+            print("train raised", type(exc).__name__)
+        finally:
+            print("the caller's finally ran", flush=True)
+        """)
+    folder = tmp_path / "runs" / "term"
+    with open(err_path, "w") as err:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=child_env(), cwd=tmp_path, text=True,
+                                 preexec_fn=_ignore_sigint)
+        try:
+            def updates():
+                try:
+                    return sum('"type": "update"' in ln for ln in (folder / "metrics.jsonl").read_text().splitlines()) >= 4
+                except OSError:
+                    return False
+
+            wait_for(updates, 300, interval=0.5, what="a few applied updates", on_fail=err_path.read_text)
+            kids = descendants(child.pid)
+            child.send_signal(signal.SIGTERM)
+            stdout, _ = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    said = err_path.read_text()
+    assert child.returncode == 143, (child.returncode, said[-3000:])
+    assert "the caller's finally ran" in stdout and "train raised" not in stdout, stdout
+    assert "terminated (SIGTERM): stopping the children" in said, said[-2000:]
+    assert "aesrl_queue.load('runs/term').resume() continues it" in said, said[-2000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["results_applied"] >= 4, summary
+    with np.load(folder / "policy.npz") as npz:
+        assert npz["mu"].size > 0 and int(npz["steps"]) == summary["steps"]
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in kids), 10, what="the children to be gone")
 
 
 def test_train_stops_with_the_cause_when_every_job_fails(tmp_path) -> None:
