@@ -36,7 +36,7 @@ from aesrl_queue.metrics import MetricsWriter
 from aesrl_queue.optimizers import rl_target
 from aesrl_queue.procs import ProcessGroup, signal_group, start_critic_command, worker_command
 from aesrl_queue.progress import Progress, Snapshot
-from aesrl_queue.redis_server import RedisServer
+from aesrl_queue.redis_server import RedisServer, RedisVersionError
 from aesrl_queue.store import Store, list_runs
 
 log = logging.getLogger(__name__)
@@ -309,9 +309,13 @@ class LocalRun:
 
         cfg = self.cfg
         if self.redis_url is None:
-            self.server = RedisServer(directory=self.run_dir / "redis", appendonly=True).start()
+            try:
+                self.server = RedisServer(directory=self.run_dir / "redis", appendonly=True).start()
+            except RedisVersionError as exc:
+                raise Refused(f"{'resume: ' if self.resume else ''}{exc}") from None
             self.redis_url = self.server.url
-            self.say(f"embedded Redis on {self.redis_url} (AOF in {self.run_dir / 'redis'})")
+            self.say(f"embedded Redis on {self.redis_url} (redis-server {self.server.version}; AOF in "
+                     f"{self.run_dir / 'redis'})")
         client = connect(self.redis_url)
         if self.resume is not None:
             store = Store(client, cfg.run_id if cfg is not None else folder_run_id(self.run_dir, client))
