@@ -29,7 +29,7 @@ from aesrl_queue.config import (
     RunConfig,
     parse_sizes,
 )
-from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact
+from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, ping, redact, resolve_url, warn_if_open
 from cli.resume import ResumeError, check_resume, given_options
 
 log = logging.getLogger("aesrl_queue.cli")
@@ -47,14 +47,24 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def _connect(url: str | None, blocking: bool = False):
-    """A client for the command; a missing, wrong or refusing Redis ends the command (exit 2).
+def _connect(url: str | None, blocking: bool = False, hint: str | None = None):
+    """A client for the command; a missing, wrong or refusing Redis ends the command (exit 2) with one
+    line, `hint` (default: pass --redis-url or set $AESRL_REDIS_URL) saying where the address comes from.
 
-    A first PING with a single retry answers in about a second when nothing listens; the client
-    returned then retries with backoff like every other one.
+    The first PING, with a single retry, answers in about a second when nothing listens, and logs
+    nothing (the error line says it all); the client returned then retries with backoff, and logs
+    outages, like every other one.
     """
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
     try:
-        connect(url, retries=1).close()
+        probe = connect(url, retries=1, check=False, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1))
+        try:
+            ping(probe, resolve_url(url), **({"hint": hint} if hint else {}))
+            warn_if_open(probe, resolve_url(url))
+        finally:
+            probe.close()
         return connect(url, blocking=blocking, check=False)
     except RedisUnavailable as exc:
         fail(str(exc))
@@ -624,7 +634,8 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
             fail(f"{name}: every milestone must be positive")
     if resume and force:
         fail("force: --resume continues a run, --force deletes one; pass one of them")
-    client = _connect(redis_url) if redis_url else None  # before any folder is made
+    # before any folder is made; $AESRL_REDIS_URL plays no part in a local run, so the hint leaves it out
+    client = _connect(redis_url, hint="check --redis-url, or leave it out for an embedded Redis") if redis_url else None
     _check_extras(tensorboard_dir, wandb_project)
     _check_rq()
     if resume:

@@ -167,3 +167,17 @@ def test_run_help_explains_the_progress_line():
     for field in ("f(μ)~", "mean of the last 10 estimates", "since the random phase ended", "ETA", "training RL individuals",
                   "waiting for critic", "random actions", "critic vN", "version of the critic"):
         assert field in out.stdout, field
+
+
+def test_run_on_an_unreachable_redis_url_says_so_in_one_line_about_its_own_option(tmp_path):
+    """`run` does not read $AESRL_REDIS_URL, so its error names --redis-url alone; no log line before it."""
+    env = child_env()
+    env["AESRL_REDIS_URL"] = "redis://127.0.0.1:2/0"  # a shell set up for a cluster: `run` ignores it
+    out = subprocess.run([sys.executable, "-m", "cli.main", "run", "--env", "Pendulum-v1", "--redis-url",
+                          "redis://127.0.0.1:1/0"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach Redis at redis://127.0.0.1:1/0"), lines
+    assert "--redis-url" in lines[0] and "AESRL_REDIS_URL" not in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()
+
