@@ -352,6 +352,7 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
     torch.set_num_threads(int(os.environ.get("AESRL_TORCH_THREADS", "1")))
     client = _connect(redis_url)
     deadline = time.monotonic() + wait
+    said = False
     while True:
         if run is None:
             runs = list_runs(client)
@@ -360,8 +361,16 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
             chosen = run
         if chosen and Store(client, chosen).exists():
             break
+        # A critic may start before its scheduler (docker-compose starts both), so it waits for the run;
+        # it says so at once, with the runs that are there, so that a typo in --run shows in a second.
+        what = "a run" if run is None else f"run {run!r}"
+        if not said:
+            said = True
+            click.echo(f"critic: waiting up to {wait:.0f} s for {what} on {redact(resolve_url(redis_url))} "
+                       f"({_runs_there(client, run)})", err=True)
         if time.monotonic() > deadline:
-            fail(f"run: {'no run' if run is None else repr(run)} found on Redis after {wait:.0f}s")
+            fail(f"run: no {what} on {redact(resolve_url(redis_url))} after {wait:.0f} s "
+                 f"({_runs_there(client, run)}); `aesrl-queue runs` lists them")
         time.sleep(0.5)
     stop = threading.Event()
     install_signal_handlers(stop)
@@ -374,6 +383,20 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
         fail(f"device: {exc}")
     click.echo(f"critic daemon for run {chosen} on {daemon.device}", err=True)
     daemon.run()
+
+
+def _runs_there(client, run: str | None) -> str:
+    """The runs on a Redis, the closest to `run` named first: "runs there: a, b; did you mean a?"."""
+    import difflib
+
+    from aesrl_queue.store import list_runs
+
+    ids = [run_id for run_id, _ in list_runs(client)]
+    if not ids:
+        return "no runs there yet"
+    close = difflib.get_close_matches(run, ids, n=1, cutoff=0.6) if run else []
+    shown = ", ".join(ids[-10:]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+    return f"runs there: {shown}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
 # -- workers ------------------------------------------------------------------------------------------
