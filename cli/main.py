@@ -5,13 +5,16 @@ Library code logs; this module prints. Bad input exits with status 2 and names t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -475,14 +478,55 @@ def _start_relay(primary):
 # -- status and runs ----------------------------------------------------------------------------------
 @cli.command()
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
-@click.option("--run", "run", default=None, help="Run to show (default: the newest).")
+@click.option("--run", "run", default=None,
+              help="Run to show: a run id (default: the newest), or a run folder of `aesrl-queue run`, read from a "
+                   "copy of its Redis data unless --redis-url is given.")
 @click.option("--watch", is_flag=True,
               help="Refresh about once a second until Ctrl-C (a plain line a second when stdout is not a terminal).")
 @click.option("--until-done", is_flag=True, help="With --watch: exit when the run is finished, stopped or failed.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, help="Seconds between --watch refreshes.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def status(redis_url, run, watch, until_done, interval, as_json) -> None:
+@click.pass_context
+def status(ctx, redis_url, run, watch, until_done, interval, as_json) -> None:
     """Live population statistics of a run: f(μ), σ, steps, RL share, jobs, critic, workers."""
+    folder = Path(run) if run and Path(run).is_dir() else None
+    if folder is not None:
+        try:
+            run = str(json.loads((folder / "config.json").read_text())["run_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            fail(f"run: {folder} is not a run folder (no config.json with a run_id)")
+        if ctx.get_parameter_source("redis_url") != click.core.ParameterSource.COMMANDLINE:
+            if not (folder / "redis").is_dir():
+                fail(f"run: {folder} keeps no Redis data (its run was on another Redis): pass that --redis-url "
+                     f"and --run {run}")
+            with _folder_redis(folder) as url:
+                _status(url, run, watch, until_done, interval, as_json)
+            return
+    _status(redis_url, run, watch, until_done, interval, as_json)
+
+
+@contextlib.contextmanager
+def _folder_redis(folder: Path):
+    """The URL of a private redis-server on a copy of a run folder's Redis data, for as long as the
+    block runs: the folder is left as it is (no log line, no AOF rewrite), even while its run goes on."""
+    from aesrl_queue.redis_server import RedisServer, RedisVersionError
+
+    with tempfile.TemporaryDirectory(prefix="aesrl-status-") as tmp:
+        copy = Path(tmp) / "redis"
+        shutil.copytree(folder / "redis", copy, ignore=shutil.ignore_patterns("redis.log", "*.sock"))
+        try:
+            server = RedisServer(directory=copy, appendonly=True).start()
+        except RedisVersionError as exc:
+            fail(f"run: {str(exc).replace(str(copy), str(folder / 'redis'))}")
+        click.echo(f"status of {folder} from a copy of its Redis data (a run that still goes: pass the "
+                   "--redis-url its `run` printed for live numbers)", err=True)
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+def _status(redis_url, run, watch, until_done, interval, as_json) -> None:
     from aesrl_queue.store import list_runs
     from cli.report import render, safe_gather
 

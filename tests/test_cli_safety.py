@@ -85,6 +85,20 @@ def test_a_reused_run_id_is_refused_and_the_first_run_is_untouched(first_run):
     assert digest(first_run) == before
 
 
+def test_status_reads_a_finished_local_run_from_its_folder_and_leaves_it_as_it_was(first_run):
+    before = digest(first_run)
+    summary = json.loads((first_run / "summary.json").read_text())
+    out = aq("status", "--run", str(first_run))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("run first  (es on Pendulum-v1)  status: finished"), out.stdout
+    assert f"steps {summary['steps']:,}/600" in out.stdout, out.stdout
+    out = aq("status", "--run", str(first_run), "--json")
+    assert out.returncode == 0, out.stderr
+    numbers = json.loads(out.stdout)
+    assert numbers["results_applied"] == summary["results_applied"] and numbers["status"] == "finished"
+    assert digest(first_run) == before
+
+
 def test_scheduler_start_refuses_an_existing_run_id_and_contradicting_options(redis_url, client, tmp_path):
     cfg = RunConfig.from_preset("Pendulum-v1", algo="aesrl", run_id="dist-1", hidden=(8, 8), total_steps=4000).resolve()
     Store(client, "dist-1").write_config(cfg)
