@@ -13,6 +13,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,30 @@ def test_status_reads_a_finished_local_run_from_its_folder_and_leaves_it_as_it_w
     numbers = json.loads(out.stdout)
     assert numbers["results_applied"] == summary["results_applied"] and numbers["status"] == "finished"
     assert digest(first_run) == before
+
+
+@pytest.mark.slow
+def test_the_next_commands_of_the_summary_work_in_the_shell_the_run_was_started_from(tmp_path):
+    """The quickstart's shell has no .venv on PATH (`./scripts/aesrl-queue run`): the closing `next`
+    line names ./scripts/aesrl-queue there, and the plain name in an activated one; the plot command
+    it prints, pasted into the same shell, writes the figure."""
+    venv_bin = str(Path(sys.executable).parent)
+    bare = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not shutil.which("aesrl-queue", path=d) and d != venv_bin]
+    for shell, path, name in (("plain", os.pathsep.join(bare), "./scripts/aesrl-queue"),
+                              ("activated", os.pathsep.join([venv_bin, *bare]), "aesrl-queue")):
+        env = dict(child_env(), PATH=path)
+        folder = tmp_path / shell / "nx"
+        res = subprocess.run([*AQ, "run", *SMALL, "--steps", "300", "--run-id", "nx", "--out", str(folder.parent)],
+                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        nexts = [ln.strip() for ln in res.stdout.splitlines() if ln.strip().startswith("next ")]
+        assert len(nexts) == 1, res.stdout
+        commands = [c.strip() for c in nexts[0][len("next"):].split("   |   ")]
+        assert all(c.startswith(f"{name} ") for c in commands) and "pip install" not in nexts[0], (shell, commands)
+        plot = next(c for c in commands if " plot " in c)
+        done = subprocess.run(["bash", "-c", plot], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert done.returncode == 0 and (folder / "curves.png").exists(), (shell, plot, done.stderr[-2000:])
 
 
 def test_scheduler_start_refuses_an_existing_run_id_and_contradicting_options(redis_url, client, tmp_path):
