@@ -124,6 +124,21 @@ def test_the_next_commands_of_the_summary_work_in_the_shell_the_run_was_started_
         assert done.returncode == 0 and (folder / "curves.png").exists(), (shell, plot, done.stderr[-2000:])
 
 
+@pytest.mark.slow
+def test_a_run_too_short_to_move_mu_says_why_and_blames_no_rl_jobs(tmp_path):
+    """A budget no larger than the random-action phase: μ stays at v0. The summary says why, and the
+    RL share, judged after that phase (where no result is), draws no warning of failed or held jobs."""
+    res = aq("run", "--env", "AesrlNull-v0", "--steps", "1500", "--initial-steps", "1500", "--workers", "2",
+             "--hidden", "8,8", "--critic-hidden", "16,16", "--run-id", "short", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "short" / "summary.json").read_text())
+    assert summary["results_applied"] >= 20 and summary["failed"] == 0, summary
+    assert summary["warnings"] == [
+        "μ did not move (still v0): the whole run was the random-action phase (1,500 of its 1,500 stored steps; "
+        "initial_steps 1,500), whose results do not move μ: give it a budget well above initial_steps"], summary
+    assert "warning          μ did not move (still v0)" in res.stdout, res.stdout
+
+
 def test_scheduler_start_refuses_an_existing_run_id_and_contradicting_options(redis_url, client, tmp_path):
     cfg = RunConfig.from_preset("Pendulum-v1", algo="aesrl", run_id="dist-1", hidden=(8, 8), total_steps=4000).resolve()
     Store(client, "dist-1").write_config(cfg)
