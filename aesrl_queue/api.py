@@ -186,7 +186,10 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
         for signum in caught:  # a second SIGTERM must not cut the clean-up short
             signal.signal(signum, signal.SIG_IGN)
         try:
-            local.close(outcome)  # first: it holds a second Ctrl-C back from the files it writes
+            if bar is not None and outcome:
+                bar.close()  # the clean-up's messages then start lines of their own
+                bar = None
+            local.close(outcome)  # it holds a second Ctrl-C back from the files it writes
             if bar is not None:
                 bar.close()
             if outcome == "interrupted" or terminated:
@@ -230,6 +233,9 @@ def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int 
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError("workers", f"must be a positive integer, got {workers!r}")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ConfigError("steps", f"must be a positive integer, got {steps!r}")
+    _check_settings(config)
     env_id, registrations = _env_registration(env)
     overrides = dict(config, algo=algo, seed=seed)
     if steps is not None:
@@ -249,6 +255,32 @@ def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int 
         (run_dir / ENVS_FILE).write_text(json.dumps(registrations, indent=2))
     local = LocalRun(cfg, workers, redis_url=redis_url, out_dir=str(out), say=_say)
     return _run(local, progress, _say)
+
+
+# train()'s own arguments, which name these fields of RunConfig
+_ARGUMENTS = {"env_id": "env", "algo": "algo", "total_steps": "steps", "seed": "seed"}
+
+
+def _check_settings(config: dict[str, Any]) -> None:
+    """A keyword that is no setting of a run raises ConfigError naming it and the settings there
+    are: the fields resolve() reads off the environment (obs_dim, ...) and the run's creation time
+    are not settings, and four fields are train()'s own arguments under other names."""
+    import difflib
+
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    settings = sorted(name for name, f in fields.items()
+                      if "help" in f.metadata and not f.metadata.get("derived") and name not in _ARGUMENTS)
+    for name in config:
+        if name in settings:
+            continue
+        if name in _ARGUMENTS:
+            raise ConfigError(name, f"pass it as train()'s {_ARGUMENTS[name]}= argument")
+        if name in fields:
+            raise ConfigError(name, "not a setting: the run derives it (from the environment, or when it starts)")
+        near = difflib.get_close_matches(name, settings + list(_ARGUMENTS.values()), n=1, cutoff=0.75)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(name, f"unknown setting{hint}; the settings: {', '.join(settings)} "
+                                "(`aesrl-queue config show --env ENV` explains each)")
 
 
 def load(folder: str | os.PathLike) -> Run:

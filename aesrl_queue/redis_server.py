@@ -224,7 +224,8 @@ class RedisServer:
             tmp = record.with_name(f".{record.name}.tmp")
             tmp.write_text(json.dumps({"version": self.version, "path": self.binary}))
             os.replace(tmp, record)
-        log.info("started redis-server on port %d in %s", self.port, self.directory)
+        # debug: `run` and train() say where the embedded Redis is in a line of their own
+        log.debug("started redis-server %s on port %d in %s", self.version or "", self.port, self.directory)
         return self
 
     def _log_tail(self) -> str:

@@ -237,6 +237,25 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
     return code
 
 
+def _bytes(folder: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def folder_size(run_dir: Path) -> str:
+    """The size of a run folder, and how much of it is the Redis data kept for --resume (a Pendulum
+    run's AOF is most of its 57 MB): "57.1 MB, 56.0 MB of it redis/, kept for --resume"."""
+    total, data = _bytes(run_dir), _bytes(run_dir / "redis")
+    size = f"{total / 1e6:,.1f} MB"
+    return f"{size}, {data / 1e6:,.1f} MB of it redis/, kept for --resume" if data else size
+
+
 def command_names() -> tuple[str, str | None]:
     """How to call aesrl-queue from this shell, and the clone's scripts/aesrl-queue (None without one).
 
@@ -271,7 +290,7 @@ def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: Metric
     lines += [f"  warning          {w}" for w in summary.get("warnings", ())]
     if metrics is not None:
         lines.append(f"  metrics          {metrics.records:,} records in {metrics.path}")
-    lines.append(f"  run folder       {run_dir}")
+    lines.append(f"  run folder       {run_dir} ({folder_size(run_dir)})")
     name, wrapper = command_names()
     plot = f"{name} plot {run_dir}"
     if importlib.util.find_spec("matplotlib") is None:  # the plot extra is not in the runtime install

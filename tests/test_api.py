@@ -36,10 +36,17 @@ def test_bad_config_fields_are_one_line_config_errors(tmp_path) -> None:
     from aesrl_queue import ConfigError, train
 
     for kwargs, field in (({"rl_ratoi": 0.3}, "rl_ratoi"), ({"rl_ratio": 2.0}, "rl_ratio"),
-                          ({"workers": 0}, "workers"), ({"r_kinds": "es"}, "r_kinds")):
+                          ({"workers": 0}, "workers"), ({"r_kinds": "es"}, "r_kinds"), ({"steps": -5}, "steps"),
+                          ({"obs_dim": 3}, "obs_dim"), ({"total_steps": 500}, "total_steps")):
         with pytest.raises(ConfigError) as err:
             train("Pendulum-v1", out=tmp_path, progress=False, **kwargs)
         assert err.value.field == field and "\n" not in str(err.value), str(err.value)
+        # the settings a user can pass, never what the run derives (obs_dim, created_at, ...)
+        assert not any(name in str(err.value) for name in ("created_at", "shift_per_step", "act_dim")), str(err.value)
+    with pytest.raises(ConfigError, match="did you mean 'rl_ratio'.*; the settings: activation, actor_lr, "):
+        train("Pendulum-v1", out=tmp_path, rl_ratoi=0.3)
+    with pytest.raises(ConfigError, match="total_steps: pass it as train\\(\\)'s steps= argument"):
+        train("Pendulum-v1", out=tmp_path, total_steps=500)
     with pytest.raises(ConfigError, match="env_id"):
         train("no.such.module:Env", out=tmp_path)
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
@@ -107,6 +114,8 @@ def test_ctrl_c_stops_train_and_load_resume_finishes_it(tmp_path) -> None:
     said = err_path.read_text()
     assert child.returncode == 3 and "KeyboardInterrupt reached the caller" in stdout, said[-3000:]
     assert "interrupted: stopping the children" in said and "load(" in said, said[-2000:]
+    for at in (i for i in range(len(said)) if said.startswith("interrupted: ", i)):
+        assert at == 0 or said[at - 1] == "\n", repr(said[max(0, at - 200):at + 40])  # not glued to the bar
     cut = json.loads((folder / "summary.json").read_text())
     assert cut["status"] == "stopped" and (folder / "policy.npz").exists(), cut
     budget = cut["steps"] + 600

@@ -139,6 +139,21 @@ def test_a_run_too_short_to_move_mu_says_why_and_blames_no_rl_jobs(tmp_path):
     assert "warning          μ did not move (still v0)" in res.stdout, res.stdout
 
 
+def test_a_run_says_each_thing_once_and_the_size_of_its_folder(tmp_path):
+    """No timestamped log line beside the launcher's own (it said where the embedded Redis is twice),
+    and the summary's run folder line gives its size and how much of it is the Redis data."""
+    res = aq("run", *SMALL, "--steps", "300", "--run-id", "once", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    stamped = [ln for ln in res.stderr.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", ln)]
+    assert stamped == [], stamped
+    assert sum("redis-server" in ln for ln in res.stderr.splitlines()) == 1, res.stderr
+    folder = tmp_path / "once"
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    data = sum(p.stat().st_size for p in (folder / "redis").rglob("*") if p.is_file())
+    line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("run folder"))
+    assert f"({total / 1e6:,.1f} MB, {data / 1e6:,.1f} MB of it redis/, kept for --resume)" in line, (line, total, data)
+
+
 def test_scheduler_start_refuses_an_existing_run_id_and_contradicting_options(redis_url, client, tmp_path):
     cfg = RunConfig.from_preset("Pendulum-v1", algo="aesrl", run_id="dist-1", hidden=(8, 8), total_steps=4000).resolve()
     Store(client, "dist-1").write_config(cfg)
