@@ -19,6 +19,8 @@ import importlib
 import json
 import math
 import os
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import numpy as np
 
 from aesrl_queue.config import ConfigError, RunConfig
 from aesrl_queue.envs import ENV_IDS, ENVS_VAR
-from aesrl_queue.local import JobsFail, LocalRun, Refused
+from aesrl_queue.local import JobsFail, LocalRun, Refused, Terminated, _raise_terminated, _received
 from aesrl_queue.progress import Snapshot
 
 ENVS_FILE = "envs.json"  # the registrations a run's environment needs (see _env_registration)
@@ -135,10 +137,29 @@ class _Bar:
         self.bar.close()
 
 
+def _catch_termination() -> dict[int, Any]:
+    """SIGTERM and SIGHUP stop the run as Ctrl-C does (Terminated, raised where the run is), so that a
+    batch script (`nohup python train.py &`, whose SIGINT the shell ignores) is stopped with `kill`
+    and still writes policy.npz and summary.json. Only a signal left at its default (which would end
+    the process without clean-up) is caught, and only from the main thread (the only one Python
+    delivers signals to): a handler of the caller's own, or nohup's ignored SIGHUP, stays as it is.
+    Returns the handlers to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    _received.clear()
+    caught = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            caught[signum] = signal.signal(signum, _raise_terminated)
+    return caught
+
+
 def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
     bar = None
     outcome = ""
     jobs_fail = False  # stopped by JobsFail: the run folder holds the run, to resume once fixed
+    terminated = ""  # the signal that ended the run: the process then exits as that signal asks
+    caught = _catch_termination()
     try:
         try:
             local.start()
@@ -155,16 +176,33 @@ def _run(local: LocalRun, progress: bool, say: Callable[[str], Any]) -> Run:
     except KeyboardInterrupt:
         outcome = "interrupted"
         raise
+    except Terminated as exc:
+        terminated = str(exc)
+        outcome = f"terminated ({terminated})"
     except BaseException as exc:
         outcome = outcome or f"stopped by {type(exc).__name__}"
         raise
     finally:
-        local.close(outcome)  # first: it holds a second Ctrl-C back from the files it writes
-        if bar is not None:
-            bar.close()
-        if outcome == "interrupted":
-            say(f"interrupted: {local.run_dir} holds the run so far; aesrl_queue.load({str(local.run_dir)!r})"
-                ".resume() continues it")
+        for signum in caught:  # a second SIGTERM must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            if bar is not None and outcome:
+                bar.close()  # the clean-up's messages then start lines of their own
+                bar = None
+            local.close(outcome)  # it holds a second Ctrl-C back from the files it writes
+            if bar is not None:
+                bar.close()
+            if outcome == "interrupted" or terminated:
+                say(f"{outcome}: {local.run_dir} holds the run so far; aesrl_queue.load({str(local.run_dir)!r})"
+                    ".resume() continues it")
+        finally:
+            for signum, handler in caught.items():
+                signal.signal(signum, handler)
+    if terminated:
+        # What the signal would have done, after the clean-up: end the process (exit status 128 + N,
+        # as a shell reports a process that a signal ended). SystemExit runs the caller's `finally`
+        # blocks and passes their `except Exception`.
+        raise SystemExit(128 + signal.Signals[terminated].value)
     if jobs_fail:
         raise RunError(f"{outcome}; fix the cause, then aesrl_queue.load({str(local.run_dir)!r}).resume() "
                        f"continues the run (logs in {local.run_dir / 'logs'})")
@@ -195,6 +233,9 @@ def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int 
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError("workers", f"must be a positive integer, got {workers!r}")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ConfigError("steps", f"must be a positive integer, got {steps!r}")
+    _check_settings(config)
     env_id, registrations = _env_registration(env)
     overrides = dict(config, algo=algo, seed=seed)
     if steps is not None:
@@ -214,6 +255,32 @@ def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int 
         (run_dir / ENVS_FILE).write_text(json.dumps(registrations, indent=2))
     local = LocalRun(cfg, workers, redis_url=redis_url, out_dir=str(out), say=_say)
     return _run(local, progress, _say)
+
+
+# train()'s own arguments, which name these fields of RunConfig
+_ARGUMENTS = {"env_id": "env", "algo": "algo", "total_steps": "steps", "seed": "seed"}
+
+
+def _check_settings(config: dict[str, Any]) -> None:
+    """A keyword that is no setting of a run raises ConfigError naming it and the settings there
+    are: the fields resolve() reads off the environment (obs_dim, ...) and the run's creation time
+    are not settings, and four fields are train()'s own arguments under other names."""
+    import difflib
+
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    settings = sorted(name for name, f in fields.items()
+                      if "help" in f.metadata and not f.metadata.get("derived") and name not in _ARGUMENTS)
+    for name in config:
+        if name in settings:
+            continue
+        if name in _ARGUMENTS:
+            raise ConfigError(name, f"pass it as train()'s {_ARGUMENTS[name]}= argument")
+        if name in fields:
+            raise ConfigError(name, "not a setting: the run derives it (from the environment, or when it starts)")
+        near = difflib.get_close_matches(name, settings + list(_ARGUMENTS.values()), n=1, cutoff=0.75)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(name, f"unknown setting{hint}; the settings: {', '.join(settings)} "
+                                "(`aesrl-queue config show --env ENV` explains each)")
 
 
 def load(folder: str | os.PathLike) -> Run:

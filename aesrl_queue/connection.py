@@ -260,7 +260,8 @@ def warn_if_open(client: redis.Redis, url: str | None = None) -> None:
                 redact(url) if url else kw.get("path") or f"{kw.get('host')}:{kw.get('port')}")
 
 
-def ping(client: redis.Redis, url: str | None = None) -> None:
+def ping(client: redis.Redis, url: str | None = None, hint: str = f"pass --redis-url or set {ENV_URL}") -> None:
+    """PING once; RedisUnavailable says why not, ending with `hint` where the address may be wrong."""
     where = redact(url) if url else "the configured Redis"
     try:
         client.ping()
@@ -271,13 +272,11 @@ def ping(client: redis.Redis, url: str | None = None) -> None:
         ) from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         raise RedisUnavailable(
-            f"cannot reach Redis at {where}: {exc} — is redis-server running? "
-            f"pass --redis-url or set {ENV_URL}"
+            f"cannot reach Redis at {where}: {exc} — is redis-server running? {hint}"
         ) from None
     except redis.exceptions.InvalidResponse as exc:
         raise RedisUnavailable(
-            f"{where} does not answer as Redis ({exc}): is that the Redis host and port? "
-            f"pass --redis-url or set {ENV_URL}"
+            f"{where} does not answer as Redis ({exc}): is that the Redis host and port? {hint}"
         ) from None
     except redis.ResponseError as exc:
         if "NOAUTH" in str(exc) or "AUTH" in str(exc):

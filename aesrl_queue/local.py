@@ -36,7 +36,7 @@ from aesrl_queue.metrics import MetricsWriter
 from aesrl_queue.optimizers import rl_target
 from aesrl_queue.procs import ProcessGroup, signal_group, start_critic_command, worker_command
 from aesrl_queue.progress import Progress, Snapshot
-from aesrl_queue.redis_server import RedisServer
+from aesrl_queue.redis_server import RedisServer, RedisVersionError
 from aesrl_queue.store import Store, list_runs
 
 log = logging.getLogger(__name__)
@@ -210,14 +210,28 @@ def summary_numbers(client, run_id: str) -> dict[str, Any]:
     head = f_mus[: max(1, len(f_mus) // 10)]
     tail = f_mus[-max(1, len(f_mus) // 10):]
     elapsed = (st.get("finished_at") or st.get("updated_at") or time.time()) - st.get("started_at", time.time())
+    cfg = store.config()
     applied = st["rl_applied"] + st["es_applied"]
-    share, target = (st["rl_applied"] / applied if applied else 0.0), rl_target(store.config())
+    share, target = (st["rl_applied"] / applied if applied else 0.0), rl_target(cfg)
+    # The random-action phase makes ES-shaped results only, by design: the RL share is judged on the
+    # results after it (on the state's counts where the history holds no results).
+    after = [h for _, h in hist if not h.get("random")]
+    judged, rl_judged = (len(after), sum(h.get("kind") == "rl" for h in after)) if hist else (applied, st["rl_applied"])
+    judged_share = rl_judged / judged if judged else 0.0
     warnings = []
-    if applied >= RL_SHARE_MIN_RESULTS and abs(share - target) > RL_SHARE_TOLERANCE:  # False for td3 (NaN)
+    if judged >= RL_SHARE_MIN_RESULTS and abs(judged_share - target) > RL_SHARE_TOLERANCE:  # False for td3 (NaN)
         command = start_critic_command(run_id, client_url(client))
-        why = (f"no critic trained (start `{command}` beside the run)" if not st["critic_version"]
-               else "RL jobs failed or were held (see failed, and the problem lines of the scheduler's log)")
-        warnings.append(f"RL share {share:.2f} against a target of {target:.2f}: {why}")
+        if not st["critic_version"]:
+            why = f"no critic trained (start `{command}` beside the run)"
+        elif st["failed"]:
+            why = f"{st['failed']} jobs failed (see the problem lines of the scheduler's log)"
+        else:
+            why = "RL jobs were held, none failed: the critic trailed the replay or published late (the scheduler's log)"
+        after_phase = " after the random phase" if hist and judged < applied else ""
+        warnings.append(f"RL share {judged_share:.2f}{after_phase} against a target of {target:.2f}: {why}")
+    still = _why_mu_stayed(cfg, st, hist)
+    if still:
+        warnings.append(still)
     return {
         "run": run_id, "status": st.get("status"), "steps": st["steps"], "interactions": st["interactions"],
         "results_applied": st["results_applied"], "rl_applied": st["rl_applied"], "es_applied": st["es_applied"],
@@ -227,6 +241,29 @@ def summary_numbers(client, run_id: str) -> dict[str, Any]:
         "f_mu_final": st.get("f_mu"), "best_fitness": st.get("best_fitness"),
         "rl_share": round(share, 3), "rl_target": target, "warnings": warnings,
     }
+
+
+def _why_mu_stayed(cfg: RunConfig, st: dict[str, Any], hist: list) -> str:
+    """Why μ never moved in a run that applied results ("" where it moved): a short budget spends
+    itself on the random-action phase, whose results do not move μ, and under the adaptive fitness
+    scale μ moves only once MIN_GAPS ES results after that phase have set the scale."""
+    from aesrl_queue.fitness import MIN_GAPS
+    from aesrl_queue.optimizers import ASYNC_ALGOS
+
+    if cfg.algo not in ASYNC_ALGOS or int(st.get("version", 0)) > 0 or not hist:
+        return ""
+    after = [h for _, h in hist if not h.get("random")]
+    random_steps = sum(int(h.get("len", 0) or 0) for _, h in hist if h.get("random"))
+    steps = f"{random_steps:,} of its {int(st['steps']):,} stored steps"
+    if not after:
+        return (f"μ did not move (still v0): the whole run was the random-action phase ({steps}; initial_steps "
+                f"{cfg.initial_steps:,}), whose results do not move μ: give it a budget well above initial_steps")
+    es_after = sum(h.get("kind") == "es" for h in after)
+    if cfg.r == "adaptive" and es_after < MIN_GAPS:
+        return (f"μ did not move (still v0): the random-action phase took {steps}, and after it μ moves only once "
+                f"{MIN_GAPS} ES results have set the fitness scale (this run had {es_after}): give it a larger budget")
+    return (f"μ did not move (still v0): none of the {len(after)} results after the random-action phase "
+            f"({steps}) moved it")
 
 
 def write_summary(run_dir: Path, store: Store) -> dict:
@@ -309,9 +346,13 @@ class LocalRun:
 
         cfg = self.cfg
         if self.redis_url is None:
-            self.server = RedisServer(directory=self.run_dir / "redis", appendonly=True).start()
+            try:
+                self.server = RedisServer(directory=self.run_dir / "redis", appendonly=True).start()
+            except RedisVersionError as exc:
+                raise Refused(f"{'resume: ' if self.resume else ''}{exc}") from None
             self.redis_url = self.server.url
-            self.say(f"embedded Redis on {self.redis_url} (AOF in {self.run_dir / 'redis'})")
+            self.say(f"embedded Redis on {self.redis_url} (redis-server {self.server.version}; AOF in "
+                     f"{self.run_dir / 'redis'})")
         client = connect(self.redis_url)
         if self.resume is not None:
             store = Store(client, cfg.run_id if cfg is not None else folder_run_id(self.run_dir, client))

@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -226,6 +227,47 @@ def launch(cfg: RunConfig | None, n_workers: int, redis_url: str | None, out_dir
     return code
 
 
+def _bytes(folder: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def folder_size(run_dir: Path) -> str:
+    """The size of a run folder, and how much of it is the Redis data kept for --resume (a Pendulum
+    run's AOF is most of its 57 MB): "57.1 MB, 56.0 MB of it redis/, kept for --resume"."""
+    total, data = _bytes(run_dir), _bytes(run_dir / "redis")
+    size = f"{total / 1e6:,.1f} MB"
+    return f"{size}, {data / 1e6:,.1f} MB of it redis/, kept for --resume" if data else size
+
+
+def command_names() -> tuple[str, str | None]:
+    """How to call aesrl-queue from this shell, and the clone's scripts/aesrl-queue (None without one).
+
+    `aesrl-queue` where that name on PATH is this installation's (an activated .venv); else the
+    wrapper, as the quickstart calls it (`./scripts/aesrl-queue`, relative to the working folder):
+    in a shell without the venv the bare name is not found, and the wrapper also installs the plot
+    extra that `plot` needs."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "aesrl-queue"
+    wrapper = None
+    if script.is_file():
+        wrapper = os.path.relpath(script)
+        if not wrapper.startswith((os.sep, ".")):
+            wrapper = f".{os.sep}{wrapper}"
+    on_path = shutil.which("aesrl-queue")
+    ours = Path(sys.executable).parent / "aesrl-queue"
+    try:
+        here = bool(on_path) and os.path.samefile(on_path, ours)
+    except OSError:
+        here = False
+    return ("aesrl-queue" if here or wrapper is None else wrapper), wrapper
+
+
 def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: MetricsWriter | None, outcome: str,
                    stop_seconds: float | None = None) -> None:
     stopped = f", stopped in {stop_seconds:.1f} s" if stop_seconds is not None else ""
@@ -238,13 +280,14 @@ def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: Metric
     lines += [f"  warning          {w}" for w in summary.get("warnings", ())]
     if metrics is not None:
         lines.append(f"  metrics          {metrics.records:,} records in {metrics.path}")
-    lines.append(f"  run folder       {run_dir}")
-    plot = f"aesrl-queue plot {run_dir}"
+    lines.append(f"  run folder       {run_dir} ({folder_size(run_dir)})")
+    name, wrapper = command_names()
+    plot = f"{name} plot {run_dir}"
     if importlib.util.find_spec("matplotlib") is None:  # the plot extra is not in the runtime install
-        plot = f"pip install -e '.[plot]' && {plot}"
-    nexts = [plot, f"aesrl-queue export {run_dir}"]
+        plot = f"{wrapper} plot {run_dir}" if wrapper else f"pip install -e '.[plot]' && {plot}"
+    nexts = [plot, f"{name} export {run_dir}"]
     if summary.get("status") != "finished":
-        nexts.insert(0, f"aesrl-queue run --resume {run_dir}")
+        nexts.insert(0, f"{name} run --resume {run_dir}")
     lines.append("  next             " + "   |   ".join(nexts))
     for line in lines:
         if not echo(line):  # stdout closed (`| head -2`): say once, on stderr, where the results are

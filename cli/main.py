@@ -5,13 +5,16 @@ Library code logs; this module prints. Bad input exits with status 2 and names t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,7 +33,7 @@ from aesrl_queue.config import (
     RunConfig,
     parse_sizes,
 )
-from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, redact
+from aesrl_queue.connection import ENV_URL, RedisUnavailable, connect, ping, redact, resolve_url, warn_if_open
 from cli.resume import ResumeError, check_resume, given_options
 
 log = logging.getLogger("aesrl_queue.cli")
@@ -48,14 +51,24 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def _connect(url: str | None, blocking: bool = False):
-    """A client for the command; a missing, wrong or refusing Redis ends the command (exit 2).
+def _connect(url: str | None, blocking: bool = False, hint: str | None = None):
+    """A client for the command; a missing, wrong or refusing Redis ends the command (exit 2) with one
+    line, `hint` (default: pass --redis-url or set $AESRL_REDIS_URL) saying where the address comes from.
 
-    A first PING with a single retry answers in about a second when nothing listens; the client
-    returned then retries with backoff like every other one.
+    The first PING, with a single retry, answers in about a second when nothing listens, and logs
+    nothing (the error line says it all); the client returned then retries with backoff, and logs
+    outages, like every other one.
     """
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
     try:
-        connect(url, retries=1).close()
+        probe = connect(url, retries=1, check=False, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1))
+        try:
+            ping(probe, resolve_url(url), **({"hint": hint} if hint else {}))
+            warn_if_open(probe, resolve_url(url))
+        finally:
+            probe.close()
         return connect(url, blocking=blocking, check=False)
     except RedisUnavailable as exc:
         fail(str(exc))
@@ -347,6 +360,7 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
     torch.set_num_threads(int(os.environ.get("AESRL_TORCH_THREADS", "1")))
     client = _connect(redis_url)
     deadline = time.monotonic() + wait
+    said = False
     while True:
         if run is None:
             runs = list_runs(client)
@@ -355,8 +369,16 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
             chosen = run
         if chosen and Store(client, chosen).exists():
             break
+        # A critic may start before its scheduler (docker-compose starts both), so it waits for the run;
+        # it says so at once, with the runs that are there, so that a typo in --run shows in a second.
+        what = "a run" if run is None else f"run {run!r}"
+        if not said:
+            said = True
+            click.echo(f"critic: waiting up to {wait:.0f} s for {what} on {redact(resolve_url(redis_url))} "
+                       f"({_runs_there(client, run)})", err=True)
         if time.monotonic() > deadline:
-            fail(f"run: {'no run' if run is None else repr(run)} found on Redis after {wait:.0f}s")
+            fail(f"run: no {what} on {redact(resolve_url(redis_url))} after {wait:.0f} s "
+                 f"({_runs_there(client, run)}); `aesrl-queue runs` lists them")
         time.sleep(0.5)
     stop = threading.Event()
     install_signal_handlers(stop)
@@ -369,6 +391,20 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
         fail(f"device: {exc}")
     click.echo(f"critic daemon for run {chosen} on {daemon.device}", err=True)
     daemon.run()
+
+
+def _runs_there(client, run: str | None) -> str:
+    """The runs on a Redis, the closest to `run` named first: "runs there: a, b; did you mean a?"."""
+    import difflib
+
+    from aesrl_queue.store import list_runs
+
+    ids = [run_id for run_id, _ in list_runs(client)]
+    if not ids:
+        return "no runs there yet"
+    close = difflib.get_close_matches(run, ids, n=1, cutoff=0.6) if run else []
+    shown = ", ".join(ids[-10:]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+    return f"runs there: {shown}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
 # -- workers ------------------------------------------------------------------------------------------
@@ -447,14 +483,55 @@ def _start_relay(primary):
 # -- status and runs ----------------------------------------------------------------------------------
 @cli.command()
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
-@click.option("--run", "run", default=None, help="Run to show (default: the newest).")
+@click.option("--run", "run", default=None,
+              help="Run to show: a run id (default: the newest), or a run folder of `aesrl-queue run`, read from a "
+                   "copy of its Redis data unless --redis-url is given.")
 @click.option("--watch", is_flag=True,
               help="Refresh about once a second until Ctrl-C (a plain line a second when stdout is not a terminal).")
 @click.option("--until-done", is_flag=True, help="With --watch: exit when the run is finished, stopped or failed.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, help="Seconds between --watch refreshes.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def status(redis_url, run, watch, until_done, interval, as_json) -> None:
+@click.pass_context
+def status(ctx, redis_url, run, watch, until_done, interval, as_json) -> None:
     """Live population statistics of a run: f(μ), σ, steps, RL share, jobs, critic, workers."""
+    folder = Path(run) if run and Path(run).is_dir() else None
+    if folder is not None:
+        try:
+            run = str(json.loads((folder / "config.json").read_text())["run_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            fail(f"run: {folder} is not a run folder (no config.json with a run_id)")
+        if ctx.get_parameter_source("redis_url") != click.core.ParameterSource.COMMANDLINE:
+            if not (folder / "redis").is_dir():
+                fail(f"run: {folder} keeps no Redis data (its run was on another Redis): pass that --redis-url "
+                     f"and --run {run}")
+            with _folder_redis(folder) as url:
+                _status(url, run, watch, until_done, interval, as_json)
+            return
+    _status(redis_url, run, watch, until_done, interval, as_json)
+
+
+@contextlib.contextmanager
+def _folder_redis(folder: Path):
+    """The URL of a private redis-server on a copy of a run folder's Redis data, for as long as the
+    block runs: the folder is left as it is (no log line, no AOF rewrite), even while its run goes on."""
+    from aesrl_queue.redis_server import RedisServer, RedisVersionError
+
+    with tempfile.TemporaryDirectory(prefix="aesrl-status-") as tmp:
+        copy = Path(tmp) / "redis"
+        shutil.copytree(folder / "redis", copy, ignore=shutil.ignore_patterns("redis.log", "*.sock"))
+        try:
+            server = RedisServer(directory=copy, appendonly=True).start()
+        except RedisVersionError as exc:
+            fail(f"run: {str(exc).replace(str(copy), str(folder / 'redis'))}")
+        click.echo(f"status of {folder} from a copy of its Redis data (a run that still goes: pass the "
+                   "--redis-url its `run` printed for live numbers)", err=True)
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+def _status(redis_url, run, watch, until_done, interval, as_json) -> None:
     from aesrl_queue.store import list_runs
     from cli.report import render, safe_gather
 
@@ -629,7 +706,8 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
             fail(f"{name}: every milestone must be positive")
     if resume and force:
         fail("force: --resume continues a run, --force deletes one; pass one of them")
-    client = _connect(redis_url) if redis_url else None  # before any folder is made
+    # before any folder is made; $AESRL_REDIS_URL plays no part in a local run, so the hint leaves it out
+    client = _connect(redis_url, hint="check --redis-url, or leave it out for an embedded Redis") if redis_url else None
     _check_extras(tensorboard_dir, wandb_project)
     _check_rq()
     if resume:

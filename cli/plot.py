@@ -1,7 +1,9 @@
 """`aesrl-queue plot`: learning curves and the ES/RL interaction chart of run folders, as one PNG.
 
 Reads only the run folders (config.json + metrics.jsonl), so runs from any machine can be compared.
-Runs whose configs differ only by seed form one curve: the mean across seeds with a ±1 std band.
+Runs whose configs differ only by seed form one curve: the mean across seeds with a ±1 std band, over
+the stored steps every one of them reached (each panel of a curve ends there). Runs of different
+budgets (total_steps) are different configurations.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from aesrl_queue.algorithms import uses_critic
+from aesrl_queue.fitness import MIN_SCALE
 from aesrl_queue.metrics import read_metrics
 
 # Config fields that never make two runs different algorithms.
-IGNORED_FIELDS = {"seed", "run_id", "created_at", "total_steps", "spec_hash", "job_timeout", "result_ttl",
+IGNORED_FIELDS = {"seed", "run_id", "created_at", "spec_hash", "job_timeout", "result_ttl",
                   "failure_ttl", "critic_wait", "queued_per_worker", "job_deadline", "history_max"}
 CURVE_BINS = 60
 INTERACTION_BINS = 25
@@ -193,7 +196,7 @@ def interaction_stats(group: Group, bins: int = INTERACTION_BINS) -> dict[str, n
     if not ups:
         return {}
     steps = np.array([u["steps"] for u in ups], dtype=float)
-    hi = min(max(u["steps"] for u in r.updates) for r in group.runs if r.updates)
+    hi = group_end(group)
     # Short runs get fewer, fuller bins: a point needs MIN_PER_BIN updates of a kind.
     bins = int(max(2, min(bins, len(ups) // 20)))
     grid = np.linspace(0, max(hi, 1.0), bins + 1)
@@ -221,6 +224,14 @@ def interaction_stats(group: Group, bins: int = INTERACTION_BINS) -> dict[str, n
     return out
 
 
+def group_end(group: Group) -> float:
+    """The stored steps every run of the group reached: where each of its panels ends, so that no
+    panel goes on with fewer runs than the f(μ) curve averages."""
+    ends = [max(u["steps"] for u in r.updates if _finite(u.get("steps"))) for r in group.runs
+            if any(_finite(u.get("steps")) for u in r.updates)]
+    return float(min(ends)) if ends else 0.0
+
+
 def kind_means(group: Group, key: str, bins: int = INTERACTION_BINS) -> dict[str, np.ndarray]:
     """Per bin of stored steps, pooled over the group's runs: the mean of update field `key` after ES
     updates and after RL updates ({"x", "es", "rl"}; NaN where a bin has fewer than MIN_PER_BIN)."""
@@ -232,12 +243,14 @@ def kind_means(group: Group, key: str, bins: int = INTERACTION_BINS) -> dict[str
     vals = np.array([u[key] for u in ups], dtype=float)
     kinds = np.array([u["kind"] for u in ups])
     bins = int(max(2, min(bins, len(ups) // 20)))
-    grid = np.linspace(0, max(steps.max(), 1.0), bins + 1)
+    end = group_end(group)
+    grid = np.linspace(0, max(end, 1.0), bins + 1)
     idx = np.clip(np.searchsorted(grid, steps, side="right") - 1, 0, bins - 1)
+    keep = steps <= grid[-1]
     out: dict[str, np.ndarray] = {"x": (grid[:-1] + grid[1:]) / 2}
     with np.errstate(all="ignore"):
         for kind in ("es", "rl"):
-            m = kinds == kind
+            m = keep & (kinds == kind)
             n = np.bincount(idx[m], minlength=bins).astype(float)
             out[kind] = np.where(n >= MIN_PER_BIN, np.bincount(idx[m], weights=vals[m], minlength=bins) / n, np.nan)
     return out
@@ -258,9 +271,13 @@ def _diagnostics(g: Group, c: str, ax_sigma, ax_r, ax_dist, empty_axes: set) -> 
         if sig and np.isfinite(sig[kind]).any():
             empty_axes.discard(ax_sigma)
             ax_sigma.plot(sig["x"], sig[kind], color=c, ls=ls, lw=2, marker="o", ms=3)
+    end = group_end(g)
     for r in g.runs:  # r and |Δ| are per update: a thin line per run, both kinds pooled
+        # r at its floor (MIN_SCALE) is a scale not yet in use: until the adaptive scale has its first
+        # gaps, results do not move μ, and a 1e-6 among values near 100 would stretch a log axis.
         pts = [(u["steps"], u["r"], abs(u["delta"]) if _finite(u.get("delta")) else np.nan)
-               for u in r.updates if _finite(u.get("r")) and u.get("told", True)]
+               for u in r.updates if _finite(u.get("r")) and u["r"] > MIN_SCALE and u.get("told", True)
+               and u["steps"] <= end]
         if pts:
             arr = np.array(pts, dtype=float)
             empty_axes.discard(ax_r)
@@ -418,11 +435,26 @@ def plot_runs(folders: list[str | Path], out: str | Path, title: str | None = No
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
-    layout = _layout(fig, legend, {"f_mu_steps": ax_steps, "f_mu_time": ax_time, "rl_share": ax_share, "p": ax_p,
-                                   "improved": ax_imp, "sigma": ax_sigma, "r": ax_r, "distance": ax_dist})
+    panels = {"f_mu_steps": ax_steps, "f_mu_time": ax_time, "rl_share": ax_share, "p": ax_p,
+              "improved": ax_imp, "sigma": ax_sigma, "r": ax_r, "distance": ax_dist}
+    layout = _layout(fig, legend, panels)
+    drawn = {k: _extent(ax) for k, ax in panels.items()}
     plt.close(fig)
     return {"groups": {g.label: [r.run_id for r in g.runs] for g in groups}, "skipped": skipped, "out": str(out),
-            "layout": layout}
+            "layout": layout, "drawn": drawn}
+
+
+def _extent(ax) -> dict[str, Any]:
+    """What a panel shows: the largest x and the smallest y of its data lines, and its y scale."""
+    xs, ys = [], []
+    for line in ax.get_lines():
+        if line.get_transform() != ax.transData:
+            continue  # a target line across the panel (axhline)
+        x, y = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y)
+        xs += list(x[ok])
+        ys += list(y[ok])
+    return {"x_max": max(xs) if xs else None, "y_min": min(ys) if ys else None, "yscale": ax.get_yscale()}
 
 
 def _layout(fig, legend, axes: dict[str, Any]) -> dict[str, Any]:

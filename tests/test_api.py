@@ -1,6 +1,6 @@
 """The Python API (aesrl_queue.train / load / Run) from plain Python scripts, on real processes:
-a run to completion, a run interrupted with Ctrl-C (SIGINT) and resumed, a user-registered env, a run
-whose jobs all fail."""
+a run to completion, a run interrupted with Ctrl-C (SIGINT) and resumed, a batch run stopped with SIGTERM,
+a user-registered env, a run whose jobs all fail."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.conftest import child_env, default_sigint, wait_for
+from tests.conftest import child_env, default_sigint, descendants, wait_for
 
 SMALL = "hidden=(16, 16), critic_hidden=(32, 32), initial_steps=400, workers=2"
 
@@ -35,10 +36,17 @@ def test_bad_config_fields_are_one_line_config_errors(tmp_path) -> None:
     from aesrl_queue import ConfigError, train
 
     for kwargs, field in (({"rl_ratoi": 0.3}, "rl_ratoi"), ({"rl_ratio": 2.0}, "rl_ratio"),
-                          ({"workers": 0}, "workers"), ({"r_kinds": "es"}, "r_kinds")):
+                          ({"workers": 0}, "workers"), ({"r_kinds": "es"}, "r_kinds"), ({"steps": -5}, "steps"),
+                          ({"obs_dim": 3}, "obs_dim"), ({"total_steps": 500}, "total_steps")):
         with pytest.raises(ConfigError) as err:
             train("Pendulum-v1", out=tmp_path, progress=False, **kwargs)
         assert err.value.field == field and "\n" not in str(err.value), str(err.value)
+        # the settings a user can pass, never what the run derives (obs_dim, created_at, ...)
+        assert not any(name in str(err.value) for name in ("created_at", "shift_per_step", "act_dim")), str(err.value)
+    with pytest.raises(ConfigError, match="did you mean 'rl_ratio'.*; the settings: activation, actor_lr, "):
+        train("Pendulum-v1", out=tmp_path, rl_ratoi=0.3)
+    with pytest.raises(ConfigError, match="total_steps: pass it as train\\(\\)'s steps= argument"):
+        train("Pendulum-v1", out=tmp_path, total_steps=500)
     with pytest.raises(ConfigError, match="env_id"):
         train("no.such.module:Env", out=tmp_path)
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
@@ -106,6 +114,8 @@ def test_ctrl_c_stops_train_and_load_resume_finishes_it(tmp_path) -> None:
     said = err_path.read_text()
     assert child.returncode == 3 and "KeyboardInterrupt reached the caller" in stdout, said[-3000:]
     assert "interrupted: stopping the children" in said and "load(" in said, said[-2000:]
+    for at in (i for i in range(len(said)) if said.startswith("interrupted: ", i)):
+        assert at == 0 or said[at - 1] == "\n", repr(said[max(0, at - 200):at + 40])  # not glued to the bar
     cut = json.loads((folder / "summary.json").read_text())
     assert cut["status"] == "stopped" and (folder / "policy.npz").exists(), cut
     budget = cut["steps"] + 600
@@ -120,6 +130,55 @@ def test_ctrl_c_stops_train_and_load_resume_finishes_it(tmp_path) -> None:
     assert out["summary"]["status"] == "finished" and out["summary"]["steps"] >= budget, out["summary"]
     assert out["total"] == budget and out["after"] > out["before"] > 0
     assert len(out["ev"]["returns"]) == 2
+
+
+def _ignore_sigint() -> None:
+    """In a child before exec: SIGINT ignored, as `nohup python script.py &` starts it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_nohup_train_and_writes_the_policy_and_summary(tmp_path) -> None:
+    """A batch script (SIGINT ignored, as under `nohup ... &`) is stopped with `kill`: train() stops the
+    children, writes policy.npz and summary.json, says how to resume, runs the caller's `finally` and
+    exits with 143, as a process that SIGTERM ended."""
+    err_path = tmp_path / "train.err"
+    cmd = script(tmp_path, "batch", f"""
+        try:
+            aq.train("Pendulum-v1", steps=40_000, out="runs", run_id="term", {SMALL})
+        except Exception as exc:
+            print("train raised", type(exc).__name__)
+        finally:
+            print("the caller's finally ran", flush=True)
+        """)
+    folder = tmp_path / "runs" / "term"
+    with open(err_path, "w") as err:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=child_env(), cwd=tmp_path, text=True,
+                                 preexec_fn=_ignore_sigint)
+        try:
+            def updates():
+                try:
+                    return sum('"type": "update"' in ln for ln in (folder / "metrics.jsonl").read_text().splitlines()) >= 4
+                except OSError:
+                    return False
+
+            wait_for(updates, 300, interval=0.5, what="a few applied updates", on_fail=err_path.read_text)
+            kids = descendants(child.pid)
+            child.send_signal(signal.SIGTERM)
+            stdout, _ = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    said = err_path.read_text()
+    assert child.returncode == 143, (child.returncode, said[-3000:])
+    assert "the caller's finally ran" in stdout and "train raised" not in stdout, stdout
+    assert "terminated (SIGTERM): stopping the children" in said, said[-2000:]
+    assert "aesrl_queue.load('runs/term').resume() continues it" in said, said[-2000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["results_applied"] >= 4, summary
+    with np.load(folder / "policy.npz") as npz:
+        assert npz["mu"].size > 0 and int(npz["steps"]) == summary["steps"]
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in kids), 10, what="the children to be gone")
 
 
 def test_train_stops_with_the_cause_when_every_job_fails(tmp_path) -> None:

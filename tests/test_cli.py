@@ -167,3 +167,44 @@ def test_run_help_explains_the_progress_line():
     for field in ("f(μ)~", "mean of the last 10 estimates", "since the random phase ended", "ETA", "training RL individuals",
                   "waiting for critic", "random actions", "critic vN", "version of the critic"):
         assert field in out.stdout, field
+
+
+def test_run_on_an_unreachable_redis_url_says_so_in_one_line_about_its_own_option(tmp_path):
+    """`run` does not read $AESRL_REDIS_URL, so its error names --redis-url alone; no log line before it."""
+    env = child_env()
+    env["AESRL_REDIS_URL"] = "redis://127.0.0.1:2/0"  # a shell set up for a cluster: `run` ignores it
+    out = subprocess.run([sys.executable, "-m", "cli.main", "run", "--env", "Pendulum-v1", "--redis-url",
+                          "redis://127.0.0.1:1/0"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach Redis at redis://127.0.0.1:1/0"), lines
+    assert "--redis-url" in lines[0] and "AESRL_REDIS_URL" not in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_critic_start_names_a_missing_run_and_the_runs_there_at_once(redis_url, client, tmp_path):
+    """A --run typo: the critic says at once what it waits for and which runs the Redis holds, then
+    fails at the end of --wait naming them again."""
+    import select
+    import time
+
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.store import Store
+
+    assert Store(client, "cheetah-1").write_config(RunConfig.from_preset("Pendulum-v1", run_id="cheetah-1").resolve())
+    child = subprocess.Popen([sys.executable, "-m", "cli.main", "critic", "start", "--redis-url", redis_url,
+                              "--run", "cheetah-l", "--wait", "60"], stderr=subprocess.PIPE, text=True,
+                             env=child_env(), cwd=tmp_path)
+    try:
+        t0 = time.monotonic()
+        ready, _, _ = select.select([child.stderr], [], [], 45)
+        assert ready, "the critic printed nothing"
+        first = child.stderr.readline()
+        assert child.poll() is None, f"it had already given up after {time.monotonic() - t0:.0f} s: {first}"
+        assert "waiting up to 60 s for run 'cheetah-l'" in first and "did you mean 'cheetah-1'?" in first, first
+    finally:
+        child.kill()
+        child.wait()
+    out = aq("critic", "start", "--redis-url", redis_url, "--run", "cheetah-l", "--wait", "0")
+    assert out.returncode == 2, out.stderr
+    assert f"error: run: no run 'cheetah-l' on {redis_url} after 0 s (runs there: cheetah-1" in out.stderr, out.stderr

@@ -13,6 +13,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +84,74 @@ def test_a_reused_run_id_is_refused_and_the_first_run_is_untouched(first_run):
     line = one_line_error(out)
     assert "already exists" in line and "--resume" in line and "--force" in line, line
     assert digest(first_run) == before
+
+
+def test_status_reads_a_finished_local_run_from_its_folder_and_leaves_it_as_it_was(first_run):
+    before = digest(first_run)
+    summary = json.loads((first_run / "summary.json").read_text())
+    out = aq("status", "--run", str(first_run))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("run first  (es on Pendulum-v1)  status: finished"), out.stdout
+    assert f"steps {summary['steps']:,}/600" in out.stdout, out.stdout
+    out = aq("status", "--run", str(first_run), "--json")
+    assert out.returncode == 0, out.stderr
+    numbers = json.loads(out.stdout)
+    assert numbers["results_applied"] == summary["results_applied"] and numbers["status"] == "finished"
+    assert digest(first_run) == before
+
+
+@pytest.mark.slow
+def test_the_next_commands_of_the_summary_work_in_the_shell_the_run_was_started_from(tmp_path):
+    """The quickstart's shell has no .venv on PATH (`./scripts/aesrl-queue run`): the closing `next`
+    line names ./scripts/aesrl-queue there, and the plain name in an activated one; the plot command
+    it prints, pasted into the same shell, writes the figure."""
+    venv_bin = str(Path(sys.executable).parent)
+    bare = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not shutil.which("aesrl-queue", path=d) and d != venv_bin]
+    for shell, path, name in (("plain", os.pathsep.join(bare), "./scripts/aesrl-queue"),
+                              ("activated", os.pathsep.join([venv_bin, *bare]), "aesrl-queue")):
+        env = dict(child_env(), PATH=path)
+        folder = tmp_path / shell / "nx"
+        res = subprocess.run([*AQ, "run", *SMALL, "--steps", "300", "--run-id", "nx", "--out", str(folder.parent)],
+                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        nexts = [ln.strip() for ln in res.stdout.splitlines() if ln.strip().startswith("next ")]
+        assert len(nexts) == 1, res.stdout
+        commands = [c.strip() for c in nexts[0][len("next"):].split("   |   ")]
+        assert all(c.startswith(f"{name} ") for c in commands) and "pip install" not in nexts[0], (shell, commands)
+        plot = next(c for c in commands if " plot " in c)
+        done = subprocess.run(["bash", "-c", plot], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert done.returncode == 0 and (folder / "curves.png").exists(), (shell, plot, done.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_a_run_too_short_to_move_mu_says_why_and_blames_no_rl_jobs(tmp_path):
+    """A budget no larger than the random-action phase: μ stays at v0. The summary says why, and the
+    RL share, judged after that phase (where no result is), draws no warning of failed or held jobs."""
+    res = aq("run", "--env", "AesrlNull-v0", "--steps", "1500", "--initial-steps", "1500", "--workers", "2",
+             "--hidden", "8,8", "--critic-hidden", "16,16", "--run-id", "short", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "short" / "summary.json").read_text())
+    assert summary["results_applied"] >= 20 and summary["failed"] == 0, summary
+    assert summary["warnings"] == [
+        "μ did not move (still v0): the whole run was the random-action phase (1,500 of its 1,500 stored steps; "
+        "initial_steps 1,500), whose results do not move μ: give it a budget well above initial_steps"], summary
+    assert "warning          μ did not move (still v0)" in res.stdout, res.stdout
+
+
+def test_a_run_says_each_thing_once_and_the_size_of_its_folder(tmp_path):
+    """No timestamped log line beside the launcher's own (it said where the embedded Redis is twice),
+    and the summary's run folder line gives its size and how much of it is the Redis data."""
+    res = aq("run", *SMALL, "--steps", "300", "--run-id", "once", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    stamped = [ln for ln in res.stderr.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", ln)]
+    assert stamped == [], stamped
+    assert sum("redis-server" in ln for ln in res.stderr.splitlines()) == 1, res.stderr
+    folder = tmp_path / "once"
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    data = sum(p.stat().st_size for p in (folder / "redis").rglob("*") if p.is_file())
+    line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("run folder"))
+    assert f"({total / 1e6:,.1f} MB, {data / 1e6:,.1f} MB of it redis/, kept for --resume)" in line, (line, total, data)
 
 
 def test_scheduler_start_refuses_an_existing_run_id_and_contradicting_options(redis_url, client, tmp_path):

@@ -241,3 +241,42 @@ def test_plot_label_option_names_fields_and_refuses_unknown_ones(tmp_path):
     # With no -o, the PNG goes beside the run folders it compares.
     res = subprocess.run(run[:-2], capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
     assert res.returncode == 0 and (tmp_path / "curves.png").is_file(), res.stderr
+
+
+@pytest.mark.slow
+def test_runs_of_real_processes_with_other_budgets_are_other_curves_and_every_panel_ends_together(tmp_path):
+    """Runs of `aesrl-queue run`: budgets of 3,000 and 6,000 steps are two curves, not one "configuration"
+    whose f(μ) panel stops at 3,000 while the panels below go on; a run cut short ends every panel of its
+    curve where it ends; the fitness scale's floor (r = 1e-6 before the scale is set) is not drawn."""
+    from aesrl_queue.fitness import MIN_SCALE
+
+    def run(run_id, *args):
+        res = subprocess.run([sys.executable, "-m", "cli.main", "run", "--env", "Pendulum-v1", "--hidden", "8,8",
+                              "--run-id", run_id, "--out", str(tmp_path), *args], capture_output=True, text=True,
+                             env=child_env(), cwd=ROOT, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return tmp_path / run_id
+
+    short = run("es-3k", "--algo", "es", "--steps", "3000", "--workers", "1")
+    long = run("es-6k", "--algo", "es", "--steps", "6000", "--workers", "1")
+    aesrl = run("aesrl", "--steps", "1600", "--initial-steps", "400", "--critic-hidden", "16,16", "--workers", "2")
+    out = plot_runs([short, long], tmp_path / "budgets.png")
+    assert sorted(out["groups"].values()) == [["es-3k"], ["es-6k"]], out["groups"]
+    assert all("total_steps=" in label for label in out["groups"]), out["groups"]
+    drawn = out["drawn"]
+    assert drawn["sigma"]["x_max"] <= 6000 and drawn["f_mu_steps"]["x_max"] > 3000, drawn
+
+    # the same run cut short (its metrics up to 3,000 steps): one curve, every panel ends at 3,000
+    cut = tmp_path / "es-6k-cut"
+    cut.mkdir()
+    cfg = json.loads((long / "config.json").read_text())
+    (cut / "config.json").write_text(json.dumps(dict(cfg, seed=cfg["seed"] + 1, run_id="es-6k-cut")))
+    lines = [ln for ln in (long / "metrics.jsonl").read_text().splitlines() if json.loads(ln).get("steps", 0) <= 3000]
+    (cut / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    drawn = plot_runs([long, cut], tmp_path / "cut.png")["drawn"]
+    assert drawn["f_mu_steps"]["x_max"] <= 3000 and drawn["sigma"]["x_max"] <= 3000, drawn
+
+    rs = [json.loads(ln).get("r") for ln in (aesrl / "metrics.jsonl").read_text().splitlines()]
+    assert MIN_SCALE in rs  # the floor is in the metrics (the first told result) ...
+    drawn = plot_runs([aesrl], tmp_path / "r.png")["drawn"]
+    assert drawn["r"]["y_min"] is not None and drawn["r"]["y_min"] > MIN_SCALE, drawn  # ... and not drawn
