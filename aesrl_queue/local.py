@@ -247,10 +247,10 @@ def _why_mu_stayed(cfg: RunConfig, st: dict[str, Any], hist: list) -> str:
     """Why μ never moved in a run that applied results ("" where it moved): a short budget spends
     itself on the random-action phase, whose results do not move μ, and under the adaptive fitness
     scale μ moves only once MIN_GAPS ES results after that phase have set the scale."""
+    from aesrl_queue.algorithms import algorithm
     from aesrl_queue.fitness import MIN_GAPS
-    from aesrl_queue.optimizers import ASYNC_ALGOS
 
-    if cfg.algo not in ASYNC_ALGOS or int(st.get("version", 0)) > 0 or not hist:
+    if algorithm(cfg.algo).tells != "result" or int(st.get("version", 0)) > 0 or not hist:
         return ""
     after = [h for _, h in hist if not h.get("random")]
     random_steps = sum(int(h.get("len", 0) or 0) for _, h in hist if h.get("random"))
