@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from aesrl_queue import kernels
+from aesrl_queue import codec, kernels
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import wait_until_reachable, without_retries
@@ -178,6 +178,7 @@ class Scheduler:
     def _loop(self) -> str:
         cfg = self.cfg
         draining_since = None
+        first = True  # the first read does not wait: the first jobs go out at once
         while True:
             if self.stop_event.is_set():
                 self._flush()
@@ -196,6 +197,8 @@ class Scheduler:
                 return self._finish()
             # Block long only while results are due and the optimizer waits for nothing else.
             block = 500 if self.dispatch.inflight and not self.opt.waiting else 50
+            if first:
+                block, first = 1, False
             if self.opt.version != self.published:  # a held version: wake up when it may be published
                 block = max(1, min(block, math.ceil(1e3 * (self._next_publish() - self.clock()))))
             batch = self.dispatch.read(self.last_id, block, self.rb)
@@ -282,7 +285,7 @@ class Scheduler:
         if not specs:
             return
         after = opt.state()
-        self.asked.update(k for k, v in after.items() if not _same_value(v, before.get(k)))
+        self.asked.update(k for k, v in after.items() if not _same_state(v, before.get(k)))
         for spec in specs:
             spec["version"] = self.published
         pipe = self.r_once.pipeline()
@@ -445,3 +448,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def _same_value(x: Any, y: Any) -> bool:
     return x is y or x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+
+
+def _same_state(x: Any, y: Any) -> bool:
+    """Equal parts of an optimizer's state: equal, or the same bytes once packed (a NaN nested in a
+    fresh copy is unequal to itself, yet unchanged)."""
+    return x is y or x == y or codec.pack(x) == codec.pack(y)
