@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from aesrl_queue import codec, kernels
+from aesrl_queue import kernels
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import wait_until_reachable, without_retries
@@ -152,7 +152,6 @@ class Scheduler:
         self.published = self.opt.version  # the version current in Redis
         self.published_at = -math.inf  # when the last commit that published a new version ran (self.clock)
         self.checkpoint = self.opt.state()  # the optimizer's state as last committed
-        self.asked: set[str] = set()  # the keys of that state that asks changed since
         store.set_state(status="running", updated_at=time.time())
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -260,7 +259,7 @@ class Scheduler:
         store.set_state(pipe=pipe, **fields, **self.applied, last_result_id=self.last_id, updated_at=time.time())
         replies = pipe.execute()
         self.written = fields
-        self.checkpoint, self.asked = checkpoint, set()
+        self.checkpoint = checkpoint
         if opt.version != published:
             self.published_at = self.clock()
         self.published = opt.version
@@ -279,18 +278,14 @@ class Scheduler:
         version, no settled job leaves `inflight` before the commit that applies its result."""
         if not self.refills_between:
             return
-        opt = self.opt
-        before = opt.state()
         specs = self._ask()
         if not specs:
             return
-        after = opt.state()
-        self.asked.update(k for k, v in after.items() if not _same_state(v, before.get(k)))
         for spec in specs:
             spec["version"] = self.published
         pipe = self.r_once.pipeline()
         self.dispatch.enqueue(specs, pipe=pipe)
-        self.store.save_checkpoint("optimizer", {**self.checkpoint, **{k: after[k] for k in self.asked}}, pipe=pipe)
+        self.store.save_checkpoint("optimizer", {**self.checkpoint, **asked_state(self.opt)}, pipe=pipe)
         pipe.execute()
 
     # -- one result --------------------------------------------------------------------------------
@@ -450,7 +445,10 @@ def _same_value(x: Any, y: Any) -> bool:
     return x is y or x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
 
 
-def _same_state(x: Any, y: Any) -> bool:
-    """Equal parts of an optimizer's state: equal, or the same bytes once packed (a NaN nested in a
-    fresh copy is unequal to itself, yet unchanged)."""
-    return x is y or x == y or codec.pack(x) == codec.pack(y)
+def asked_state(opt) -> dict[str, Any]:
+    """The parts of an asynchronous optimizer's state (AesrlOptimizer.state) that `ask` changes and
+    `tell` does not: the job numbering and the P controller's dispatch counts. Read from the
+    attributes, not state(), which copies the whole distribution (ACEM-RL's buffer of individuals).
+    tests/test_publish_pacing.py checks, for every asynchronous algorithm, that ask changes nothing
+    else and tell neither of these."""
+    return {"dispatched": opt.dispatched, "controller": opt.controller.state()}

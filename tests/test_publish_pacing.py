@@ -10,12 +10,15 @@ import hashlib
 import time
 
 import numpy as np
+import pytest
 
 from aesrl_queue import codec
-from aesrl_queue.config import RunConfig
+from aesrl_queue.config import ASYNC_ALGOS, RunConfig
 from aesrl_queue.connection import connect
+from aesrl_queue.nets import init_actor_params
+from aesrl_queue.optimizers import Evaluated, make_optimizer
 from aesrl_queue.store import Store, worker_beat
-from scheduler.loop import Scheduler
+from scheduler.loop import Scheduler, asked_state
 
 EPISODE_LEN = 20
 
@@ -183,3 +186,31 @@ def test_a_commit_that_publishes_nothing_is_not_held(redis_url, client):
         assert len(sched.dispatch.inflight) == 1, f"no member follows member {i}"
     assert sched.opt.version == version
     sched.dispatch.noise_ahead.close()
+
+
+@pytest.mark.parametrize("algo", sorted(ASYNC_ALGOS))
+def test_ask_and_tell_change_disjoint_parts_of_the_optimizer_state(algo):
+    """What a refill saves (the state last committed, with asked_state over it) is a state the optimizer
+    was in, only if ask changes nothing but asked_state's parts and tell none of them."""
+    cfg = RunConfig.from_preset("AesrlSleep-v0", algo=algo, run_id=f"split-{algo}", hidden=(8, 8), seed=5,
+                                initial_steps=0, total_steps=10_000).resolve()
+    mu0 = init_actor_params(cfg.obs_dim, cfg.act_dim, cfg.max_action, tuple(cfg.hidden), cfg.activation, seed=cfg.seed)
+    opt = make_optimizer(cfg, mu0)
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        before = opt.state()
+        specs = opt.ask(2, steps=100, inflight=0, critic_version=1, critic_steps=100, now=0.0)
+        assert specs
+        after = opt.state()
+        changed = {k for k in after if codec.pack(after[k]) != codec.pack(before[k])}
+        assert changed <= set(asked_state(opt)), f"ask changed {changed - set(asked_state(opt))}"
+        assert {k: codec.pack(after[k]) for k in asked_state(opt)} == {
+            k: codec.pack(v) for k, v in asked_state(opt).items()}
+        for spec in specs:
+            asked = asked_state(opt)
+            z = (opt.mean + 0.1 * rng.standard_normal(opt.mean.shape)).astype(np.float32)
+            opt.tell(Evaluated(job=f"j{spec['n']}", kind=spec["kind"], version=spec["version"], z=z,
+                               fitness=float(rng.normal()), length=EPISODE_LEN, f_mu=float(rng.normal()),
+                               f_mu_version=spec["version"], steps=100, interactions=200), now=0.0)
+            assert codec.pack(asked_state(opt)) == codec.pack(asked), "tell changed what asks own"
+    assert opt.told > 0
