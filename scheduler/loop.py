@@ -1,8 +1,9 @@
 """The scheduler loop of every queue algorithm (aesrl, es, opo, acemrl, cemrl, pcemrl): it moves bytes
 between Redis and one ask/tell optimizer of aesrl_queue/optimizers, and reads top to bottom:
 
-    read results -> rebuild z -> tell -> (at most PUBLISH_HZ times a second) ask -> one MULTI/EXEC,
-    never resent (history, version, state, refill)
+    read results -> rebuild z -> tell -> ask -> one MULTI/EXEC, never resent: either the commit
+    (history, version, state, refill) or, while a new version waits for its publication slot (at most
+    PUBLISH_HZ a second), the refill alone (new jobs, drawn from the last published version)
 
 Restart, Redis outages, lost jobs and bad input are handled here once, for every algorithm. All the
 state lives in Redis (docs/architecture.md), so a restart with the same run id continues where it
@@ -44,11 +45,13 @@ log = logging.getLogger(__name__)
 __all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "Scheduler", "make_scheduler", "uses_rl"]
 
 COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state fields others write
-# Commits that carry results (and so publish μ/var) per second, at most. Every result is still told
-# as it arrives; between commits its update waits in memory, with last_result_id, so a restart tells
-# it again. Each worker host's replica or relay receives every published version (1.03 MB at 129k
-# parameters): 10 a second caps that at ~10 MB/s per host, and a run below 10 results/s (up to ~10
-# workers with 1 s jobs) commits every result at once, as it would unpaced (docs/scaling.md).
+# Versions of μ/var published per second, at most. Every result is still told as it arrives; a
+# commit that would publish a new version sooner than 1/PUBLISH_HZ after the last one waits, its
+# results in memory with last_result_id, so a restart tells them again. Each worker host's replica or
+# relay receives every published version (1.03 MB at 129k parameters): 10 a second caps that at ~10
+# MB/s per host, and a run below 10 results/s (up to ~10 workers with 1 s jobs) commits every result
+# at once, as it would unpaced (docs/scaling.md). The pace never holds a worker back: while a commit
+# waits, each read still refills the free slots with jobs on the last published version (_refill).
 PUBLISH_HZ = 10.0
 
 
@@ -79,8 +82,14 @@ class Scheduler:
         self.store = Store(client, cfg.run_id)
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
-        self.publish_hz = publish_hz  # 0: commit after every read, however fast results come
-        self.clock = time.monotonic  # what paces the commits (tests drive it)
+        self.publish_hz = publish_hz  # 0: publish after every read, however fast results come
+        self.clock = time.monotonic  # what paces the publications (tests drive it)
+        # Whether free slots are refilled between commits. Only where ask and tell change disjoint parts
+        # of the optimizer's state (the asynchronous optimizer: ask numbers and tags jobs, tell moves the
+        # distribution), so that the refill can save the state last committed with what asks changed
+        # since. A synchronous generation (cemrl, pcemrl) is asked from the version its last member
+        # publishes, and its members' records change on both sides: it refills with its commits.
+        self.refills_between = algorithm(cfg.algo).tells == "result"
 
     @property
     def version(self) -> int:
@@ -139,7 +148,8 @@ class Scheduler:
         self.to_delete: list[int] = []
         self.pending = _Pending()  # anything told before an outage is told again from last_result_id
         self.published = self.opt.version  # the version current in Redis
-        self.committed_at = -math.inf  # when the last commit that carried results ran (self.clock)
+        self.published_at = -math.inf  # when the last commit that published a new version ran (self.clock)
+        self.checkpoint = self.opt.state()  # the optimizer's state as last committed
         store.set_state(status="running", updated_at=time.time())
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -165,6 +175,7 @@ class Scheduler:
     def _loop(self) -> str:
         cfg = self.cfg
         draining_since = None
+        first = True  # the first read does not wait: the first jobs go out at once
         while True:
             if self.stop_event.is_set():
                 self._flush()
@@ -183,25 +194,29 @@ class Scheduler:
                 return self._finish()
             # Block long only while results are due and the optimizer waits for nothing else.
             block = 500 if self.dispatch.inflight and not self.opt.waiting else 50
-            if self.pending.results:  # held results: wake up when their commit is due
-                block = max(1, min(block, math.ceil(1e3 * (self._next_commit() - self.clock()))))
+            if first:
+                block, first = 1, False
+            if self.opt.version != self.published:  # a held version: wake up when it may be published
+                block = max(1, min(block, math.ceil(1e3 * (self._next_publish() - self.clock()))))
             batch = self.dispatch.read(self.last_id, block, self.rb)
             self.apply(batch, refill=draining_since is None)
 
     def apply(self, batch: list[tuple[str, Result | None, str]], refill: bool = True) -> None:
-        """Tell the batch's results in stream order; then, unless the last commit with results is
-        younger than 1/publish_hz, commit (see _commit)."""
+        """Tell the batch's results in stream order; then commit (see _commit), unless that would
+        publish a new version sooner than 1/publish_hz after the last one: then only refill the
+        slots the batch freed (see _refill), and the commit waits for a later read."""
         pending = self.pending
         for entry_id, res, err in batch:
             self._note(self._tell(entry_id, res, err, pending.forget, pending.incr))
             pending.results += 1
             self.last_id = entry_id
-        if pending.results and self.clock() < self._next_commit():
-            return
-        self._commit(refill)
+        if self.opt.version == self.published or self.clock() >= self._next_publish():
+            self._commit(refill)
+        elif refill:
+            self._refill()
 
-    def _next_commit(self) -> float:
-        return self.committed_at + (1.0 / self.publish_hz if self.publish_hz > 0 else 0.0)
+    def _next_publish(self) -> float:
+        return self.published_at + (1.0 / self.publish_hz if self.publish_hz > 0 else 0.0)
 
     def _flush(self) -> None:
         """Commit the results told since the last commit, now (at a stop and at the end)."""
@@ -233,7 +248,8 @@ class Scheduler:
             # Only the last version is ever current in Redis, so only it is published.
             refs_at = len(pipe) + 1
             store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe, read_refs=True)
-        store.save_checkpoint("optimizer", opt.state(), pipe=pipe)
+        checkpoint = opt.state()
+        store.save_checkpoint("optimizer", checkpoint, pipe=pipe)
         store.forget_jobs(pending.forget, pipe=pipe)
         self.dispatch.enqueue(specs, pipe=pipe)
         for name, amount in pending.incr.items():
@@ -241,12 +257,34 @@ class Scheduler:
         store.set_state(pipe=pipe, **fields, **self.applied, last_result_id=self.last_id, updated_at=time.time())
         replies = pipe.execute()
         self.written = fields
+        self.checkpoint = checkpoint
+        if opt.version != published:
+            self.published_at = self.clock()
         self.published = opt.version
-        if pending.results:
-            self.committed_at = self.clock()
         self.pending = _Pending()
         if refs_at is not None:
             self._drop_unreferenced(replies[refs_at], previous=published)
+
+    def _refill(self) -> None:
+        """Ask for the free slots and enqueue the jobs now, while the told results wait for their commit.
+
+        The jobs name the last published version, the one a worker's start script hands them. One
+        MULTI/EXEC, never resent, carries the RQ jobs, their in-flight entries and the optimizer's
+        state as last committed with what asks changed since (the job numbering and the RL/ES
+        counts): a restart then tells the held results again from last_result_id, on the distribution
+        they were told to, and numbers its jobs after these. Nothing else moves: no history, no
+        version, no settled job leaves `inflight` before the commit that applies its result."""
+        if not self.refills_between:
+            return
+        specs = self._ask()
+        if not specs:
+            return
+        for spec in specs:
+            spec["version"] = self.published
+        pipe = self.r_once.pipeline()
+        self.dispatch.enqueue(specs, pipe=pipe)
+        self.store.save_checkpoint("optimizer", {**self.checkpoint, **asked_state(self.opt)}, pipe=pipe)
+        pipe.execute()
 
     # -- one result --------------------------------------------------------------------------------
     def _tell(self, entry_id: str, res: Result | None, err: str, forget: list[str],
@@ -398,5 +436,17 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Equal field dicts, NaN equal to NaN (f(μ) is NaN until the first estimate)."""
     if a.keys() != b.keys():
         return False
-    return all(x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
-               for x, y in ((a[k], b[k]) for k in a))
+    return all(_same_value(a[k], b[k]) for k in a)
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    return x is y or x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+
+
+def asked_state(opt) -> dict[str, Any]:
+    """The parts of an asynchronous optimizer's state (AesrlOptimizer.state) that `ask` changes and
+    `tell` does not: the job numbering and the P controller's dispatch counts. Read from the
+    attributes, not state(), which copies the whole distribution (ACEM-RL's buffer of individuals).
+    tests/test_publish_pacing.py checks, for every asynchronous algorithm, that ask changes nothing
+    else and tell neither of these."""
+    return {"dispatched": opt.dispatched, "controller": opt.controller.state()}
