@@ -15,6 +15,7 @@ during that clean-up kills the children at once and the files are still written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from aesrl_queue.codec import json_default
+from aesrl_queue.codec import CodecError, json_default
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import client_url, connect, redact
 from aesrl_queue.metrics import MetricsWriter
@@ -84,22 +85,26 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def poll_metrics(metrics: MetricsWriter) -> None:
-    """One metrics pass with Ctrl-C/SIGTERM/SIGHUP held back (raised right after), so that a signal
-    never leaves a record half-processed: written twice or not at all.
+@contextlib.contextmanager
+def signals_held():
+    """Ctrl-C, SIGTERM and SIGHUP held back for the block and raised right after it, so that a signal
+    never leaves its work half done: a metrics record written twice or not at all, or a child started
+    and not yet recorded. It also keeps a Ctrl-C from being lost: one that arrives while a child is
+    forked is raised inside logging's after-fork hook, which swallows it ("Exception ignored in
+    _releaseLock"), and the run went on.
 
     Held back by the handlers, not by the thread's signal mask: a process-directed signal that the
     main thread blocks is delivered to another thread (numpy's BLAS threads), and Python still runs
-    its handler in the main thread, in the middle of the pass (a record written twice on SIGTERM)."""
+    its handler in the main thread, in the middle of the block (a record written twice on SIGTERM)."""
     global _deferring
     if not _main_thread():  # signals reach the main thread only: nothing to hold back here
-        metrics.poll()
+        yield
         return
     interrupted: list[int] = []
     previous_int = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     _deferring = True
     try:
-        metrics.poll()
+        yield
     finally:
         _deferring = False
         signal.signal(signal.SIGINT, previous_int)
@@ -110,6 +115,12 @@ def poll_metrics(metrics: MetricsWriter) -> None:
             raise KeyboardInterrupt
     if _received:
         raise Terminated(_received[0])
+
+
+def poll_metrics(metrics: MetricsWriter) -> None:
+    """One metrics pass with Ctrl-C/SIGTERM/SIGHUP held back (raised right after)."""
+    with signals_held():
+        metrics.poll()
 
 
 class Children(ProcessGroup):
@@ -142,13 +153,22 @@ def needed_interactions(cfg: RunConfig, st: dict[str, Any]) -> int:
     return int(st.get("interactions", 0)) if algorithm(cfg.algo).tells == "result" else int(st.get("steps", 0))
 
 
-def write_policy(run_dir: Path, store: Store, name: str = "policy.npz") -> Path:
+NO_POLICY = "no policy.npz: the run stopped before its scheduler wrote μ"
+
+
+def write_policy(run_dir: Path, store: Store, name: str = "policy.npz") -> Path | None:
     """policy.npz (or `name` under the run folder): the current μ and var (td3: its actor; and the best
     individual when kept), replaced atomically, so that a crash while writing a snapshot leaves the
-    previous one intact."""
+    previous one intact. None, and nothing written, for a run stopped in its first seconds, before
+    its scheduler wrote the first μ."""
     cfg = store.config()
     version = store.current_version()
-    mu, var = store.read_dist(version)
+    try:
+        mu, var = store.read_dist(version)
+    except CodecError:
+        if version == 0 and store.status() == "created":
+            return None
+        raise
     st = store.state()
     arrays: dict[str, Any] = {"mu": mu, "var": var, "version": version, "f_mu": st.get("f_mu", math.nan),
                               "f_mu_version": st.get("f_mu_version", -1), "steps": st.get("steps", 0),
@@ -266,9 +286,10 @@ def _why_mu_stayed(cfg: RunConfig, st: dict[str, Any], hist: list) -> str:
             f"({steps}) moved it")
 
 
-def write_summary(run_dir: Path, store: Store) -> dict:
-    """summary.json of the run as it stands."""
+def write_summary(run_dir: Path, store: Store, warnings: tuple[str, ...] = ()) -> dict:
+    """summary.json of the run as it stands (with `warnings` added to its own)."""
     summary = summary_numbers(store.r, store.run_id)
+    summary["warnings"] += list(warnings)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "summary.json"
     tmp = path.with_name(".summary.json.tmp")
@@ -285,8 +306,8 @@ def write_run_folder(run_dir: Path, store: Store) -> dict:
     cfg = store.config()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=json_default))
-    write_policy(run_dir, store)
-    return write_summary(run_dir, store)
+    policy = write_policy(run_dir, store)
+    return write_summary(run_dir, store, () if policy else (NO_POLICY,))
 
 
 def folder_run_id(run_dir: Path, client) -> str:
@@ -347,7 +368,8 @@ class LocalRun:
         cfg = self.cfg
         if self.redis_url is None:
             try:
-                self.server = RedisServer(directory=self.run_dir / "redis", appendonly=True).start()
+                with signals_held():  # the server is recorded before a Ctrl-C can stop this
+                    self.server = RedisServer(directory=self.run_dir / "redis", appendonly=True).start()
             except RedisVersionError as exc:
                 raise Refused(f"{'resume: ' if self.resume else ''}{exc}") from None
             self.redis_url = self.server.url
@@ -387,11 +409,13 @@ class LocalRun:
         n_workers = self.n_workers if needs_workers(cfg) else 0  # td3 runs in the scheduler process
         self.n_workers = n_workers
         url = self.redis_url
-        for i in range(n_workers):
-            self.kids.spawn(f"worker-{i}", worker_command(url))
-        if needs_critic_daemon(cfg) and self.start_critic:
-            self.kids.spawn("critic", py + ["critic", "start", "--redis-url", url, "--run", cfg.run_id])
-        self.sched = self.kids.spawn("scheduler", py + ["scheduler", "start", "--redis-url", url, "--run", cfg.run_id])
+        with signals_held():  # each child recorded (close() stops it), and a Ctrl-C meanwhile not lost
+            for i in range(n_workers):
+                self.kids.spawn(f"worker-{i}", worker_command(url))
+            if needs_critic_daemon(cfg) and self.start_critic:
+                self.kids.spawn("critic", py + ["critic", "start", "--redis-url", url, "--run", cfg.run_id])
+            self.sched = self.kids.spawn("scheduler", py + ["scheduler", "start", "--redis-url", url, "--run",
+                                                            cfg.run_id])
         self.progress = Progress(cfg, store)
         self._last_snapshot = time.monotonic()
 

@@ -151,7 +151,10 @@ class Snapshot:
             "f_mu": format(self.f_mu, ".1f") if math.isfinite(self.f_mu) else "-",
             "rate": format(self.rate, ",.0f"),
             "eta": duration(self.eta) if self.rate > 0 else ("0m00s" if left == 0 else "?"),
-            "counts": f"v{self.version} es {self.es_applied} rl {self.rl_applied} critic v{self.critic_version}",
+            # μ's version counts the results that moved μ; the results count them all, those of the
+            # random phase and those with p = 0 included, so the two are named apart
+            "counts": (f"μ v{self.version}  results es {self.es_applied} rl {self.rl_applied}  "
+                       f"critic v{self.critic_version}"),
         }
 
 

@@ -268,15 +268,25 @@ def command_names() -> tuple[str, str | None]:
     return ("aesrl-queue" if here or wrapper is None else wrapper), wrapper
 
 
+# Each estimate of f(μ) is one episode, so a run has several "final f(μ)": each says which it is.
+# The progress line's f(μ)~ is the mean of the last 10 estimates, between the last two.
+F_MU_NOTES = {
+    "f_mu_first": "mean of the first tenth of the run's f(μ) estimates",
+    "f_mu_last": "mean of the last tenth: the run's score",
+    "f_mu_final": "the last estimate, one episode; `evaluate` scores μ over 10",
+}
+
+
 def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: MetricsWriter | None, outcome: str,
                    stop_seconds: float | None = None) -> None:
     stopped = f", stopped in {stop_seconds:.1f} s" if stop_seconds is not None else ""
     lines = [f"\nrun {cfg.run_id}{f' ({outcome}{stopped})' if outcome else ''}"]
     for k in ("status", "steps", "interactions", "results_applied", "es_applied", "rl_applied",
               "failed", "rejected", "replaced", "critic_version", "elapsed_s", "f_mu_first", "f_mu_last",
-              "best_fitness"):
+              "f_mu_final", "best_fitness"):
         v = summary.get(k)
-        lines.append(f"  {k:16} {format(v, ',.1f') if isinstance(v, float) else v}")
+        shown = format(v, ',.1f') if isinstance(v, float) else v
+        lines.append(f"  {k:16} {shown}" + (f"  ({F_MU_NOTES[k]})" if k in F_MU_NOTES and v is not None else ""))
     lines += [f"  warning          {w}" for w in summary.get("warnings", ())]
     if metrics is not None:
         lines.append(f"  metrics          {metrics.records:,} records in {metrics.path}")

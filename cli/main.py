@@ -673,7 +673,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
     \b
     The progress line, e.g.
       f(μ)~ -812.4  12,600/40,000 (32%)  412 steps/s  ETA 1m06s  elapsed 0m31s
-      training RL individuals (2)  v88 es 60 rl 28 critic v9
+      training RL individuals (2)  μ v88  results es 60 rl 28  critic v9
     f(μ)~      mean of the last 10 estimates of f(μ), the return of μ (the
                mean policy), each one episode
     N/M (P%)   stored env steps of the budget
@@ -684,9 +684,10 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
                --initial-steps), waiting for critic, critic N steps behind,
                training RL individuals (RL jobs in hand, no step stored for
                3 s), or a problem and what to do
-    vN es N rl N critic vN
-               version of μ (updates applied), ES and RL individuals
-               applied, version of the critic
+    μ vN  results es N rl N  critic vN
+               version of μ (the results that moved it), ES and RL
+               results applied (random-phase ones and those that left
+               μ where it was included), version of the critic
     """
     from aesrl_queue.store import Store
     from cli.launch import launch

@@ -152,6 +152,17 @@ def test_a_run_says_each_thing_once_and_the_size_of_its_folder(tmp_path):
     data = sum(p.stat().st_size for p in (folder / "redis").rglob("*") if p.is_file())
     line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("run folder"))
     assert f"({total / 1e6:,.1f} MB, {data / 1e6:,.1f} MB of it redis/, kept for --resume)" in line, (line, total, data)
+    # the last progress line names μ's version apart from the results, whose counts add up
+    summary = json.loads((folder / "summary.json").read_text())
+    last = [ln for ln in res.stderr.splitlines() if ln.startswith("f(μ)~")][-1]
+    assert (f"results es {summary['es_applied']} rl {summary['rl_applied']}" in last
+            and summary["es_applied"] + summary["rl_applied"] == summary["results_applied"]), (last, summary)
+    assert re.search(r"μ v\d+  results", last), last
+    # the three numbers that could each pass for "the final f(μ)" say which they are
+    for key, note in (("f_mu_first", "mean of the first tenth"), ("f_mu_last", "mean of the last tenth"),
+                      ("f_mu_final", "the last estimate, one episode")):
+        line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith(key))
+        assert f"{summary[key]:,.1f}  ({note}" in line, line
 
 
 def test_scheduler_start_refuses_an_existing_run_id_and_contradicting_options(redis_url, client, tmp_path):

@@ -163,3 +163,29 @@ def test_ctrl_c_of_a_run_says_what_it_does_and_leaves_the_policy_and_summary(tmp
         assert npz["steps"] >= 400 and np.isfinite(npz["mu"]).all()
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["steps"] >= 400 and summary["status"] == "stopped", summary
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_scheduler_wrote_mu_ends_with_a_summary_and_no_failed_clean_up(tmp_path) -> None:
+    """Ctrl-C in a run's first seconds (config written, the scheduler still importing): no clean-up step
+    fails on the μ that does not exist yet; the summary is printed and written, and says there is no
+    policy.npz and why."""
+    out, err_path = tmp_path / "runs", tmp_path / "run.err"
+    with open(err_path, "w") as err:
+        launcher = subprocess.Popen([*RUN, "--run-id", "early", "--out", str(out)], stdout=subprocess.PIPE,
+                                    stderr=err, env=child_env(), cwd=ROOT, text=True, preexec_fn=default_sigint)
+        try:
+            wait_for(lambda: (out / "early" / "config.json").exists(), 60, interval=0.02, what="the run's config",
+                     on_fail=err_path.read_text)
+            launcher.send_signal(signal.SIGINT)
+            stdout, _ = launcher.communicate(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    said = err_path.read_text()
+    assert launcher.returncode == 130, said[-2000:]
+    assert "clean-up:" not in said, said[-2000:]
+    assert "run early (interrupted" in stdout, stdout
+    summary = json.loads((out / "early" / "summary.json").read_text())
+    assert summary["warnings"] == [launch.NO_POLICY] and not (out / "early" / "policy.npz").exists(), summary
+    assert f"warning          {launch.NO_POLICY}" in stdout, stdout
