@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from aesrl_queue import codec
-from aesrl_queue.config import ASYNC_ALGOS, RunConfig
+from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.nets import init_actor_params
-from aesrl_queue.optimizers import Evaluated, make_optimizer
+from aesrl_queue.optimizers import ASYNC_ALGOS, Evaluated, make_optimizer
 from aesrl_queue.store import Store, worker_beat
 from scheduler.loop import Scheduler, asked_state
 
