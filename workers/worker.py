@@ -29,8 +29,10 @@ from workers import jobs, replica
 log = logging.getLogger(__name__)
 
 # AesrlWorker overrides RQ 3's worker internals (perform_job takes the job's execution, and the
-# heartbeat, state and execution-ended hooks keep RQ 3's signatures): under RQ 2 every job fails.
+# heartbeat, state and execution-ended hooks keep RQ 3's signatures): under RQ 2 every job fails,
+# and RQ 4 may change any of them, so both are refused.
 RQ_REQUIRED = (3, 0)
+RQ_BELOW = (4, 0)
 RQ_RANGE = "rq>=3.0,<4"
 
 HEARTBEAT_EVERY = 2.0  # seconds; the key lives WORKER_TTL seconds
@@ -67,13 +69,15 @@ def rq_problem(version: str | None = None) -> str | None:
 
         version = rq.__version__
     parts = []
-    for piece in version.split(".")[:2]:
+    for piece in (version.split(".") + ["0"])[:2]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
-    if tuple(parts) >= RQ_REQUIRED:
+    if RQ_REQUIRED <= tuple(parts) < RQ_BELOW:
         return None
-    return (f"rq {version} is installed; an AesrlWorker needs {RQ_RANGE} (it overrides RQ 3's worker "
-            f"internals): pip install '{RQ_RANGE}'")
+    why = "it overrides RQ 3's worker internals"
+    if tuple(parts) >= RQ_BELOW:
+        why += f", which RQ {parts[0]} may have changed; it was written for RQ 3"
+    return f"rq {version} is installed; an AesrlWorker needs {RQ_RANGE} ({why}): pip install '{RQ_RANGE}'"
 
 
 def _limit_threads() -> bool:
