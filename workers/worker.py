@@ -28,9 +28,9 @@ from workers import jobs, replica
 
 log = logging.getLogger(__name__)
 
-# AesrlWorker overrides RQ 3's worker internals (perform_job takes the job's execution, and the
-# heartbeat, state and execution-ended hooks keep RQ 3's signatures): under RQ 2 every job fails,
-# and RQ 4 may change any of them, so both are refused.
+# AesrlWorker overrides RQ 3's worker internals (the heartbeat, state and execution-ended hooks
+# keep RQ 3's signatures): under RQ 2 every job fails, and RQ 4 may change any of them, so both
+# are refused.
 RQ_REQUIRED = (3, 0)
 RQ_BELOW = (4, 0)
 RQ_RANGE = "rq>=3.0,<4"
@@ -192,8 +192,23 @@ class AesrlWorker(SimpleWorker):
     # must outlive a Redis restart: wait for Redis, say so, and tell the scheduler about the job
     # the outage interrupted so that its slot is refilled at once (not after the job deadline).
     def execute_job(self, job, queue):
+        # SimpleWorker.execute_job runs RQ's whole job: prepare_execution, perform_job, set_state.
         try:
-            return super().execute_job(job, queue)
+            kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
+        except DeserializationError:  # not JSON (a planted pickle): RQ fails the job; we go on
+            kwargs = {}
+        # The heartbeat thread publishes this within HEARTBEAT_EVERY; no extra round trip per job
+        # (the scheduler learns that the job started from the job's own start script).
+        self._current = {"job": str(kwargs.get("job", job.id)), "kind": str(kwargs.get("kind", "")),
+                         "run": str(kwargs.get("run", ""))}
+        try:
+            try:
+                return super().execute_job(job, queue)
+            finally:
+                self._jobs_done += 1
+                self._current = {}
+                if not self._torch_limited:
+                    self._torch_limited = _limit_threads()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._wait_for_redis(exc, f"worker {self.name} (job {job.id} interrupted)")
             self._report_interrupted(job, exc)
@@ -283,20 +298,3 @@ class AesrlWorker(SimpleWorker):
             })
         except Exception as report_exc:  # the run is gone or unreadable: its scheduler finds the job lost
             log.warning("could not report the interrupted job %s: %s", job.id, report_exc)
-
-    def perform_job(self, job, queue, execution) -> bool:
-        try:
-            kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
-        except DeserializationError:  # not JSON (a planted pickle): RQ fails the job below; we go on
-            kwargs = {}
-        # The heartbeat thread publishes this within HEARTBEAT_EVERY; no extra round trip per job
-        # (the scheduler learns that the job started from the job's own start script).
-        self._current = {"job": str(kwargs.get("job", job.id)), "kind": str(kwargs.get("kind", "")),
-                         "run": str(kwargs.get("run", ""))}
-        try:
-            return super().perform_job(job, queue, execution)
-        finally:
-            self._jobs_done += 1
-            self._current = {}
-            if not self._torch_limited:
-                self._torch_limited = _limit_threads()
