@@ -7,6 +7,7 @@ import configparser
 import importlib.metadata as md
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -45,6 +46,12 @@ def test_rq_problem_names_the_installed_and_required_versions():
     assert rq_problem("3.0.0") is None and rq_problem("3.1.2") is None
     msg = rq_problem("2.6.1")
     assert msg is not None and "rq 2.6.1 is installed" in msg and RQ_RANGE in msg and "\n" not in msg
+    assert rq_problem("3") is None and rq_problem("3.9.9") is None
+    # A major version the overrides were not written for is refused too, prereleases and all.
+    for newer in ("4", "4.0.0", "4.0.0rc1", "4.2.1", "5.0"):
+        msg = rq_problem(newer)
+        assert msg is not None and f"rq {newer} is installed" in msg and RQ_RANGE in msg and "\n" not in msg, newer
+        assert "written for RQ 3" in msg, msg
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +67,35 @@ def rq2(tmp_path_factory):
     return env
 
 
+@pytest.fixture(scope="module")
+def rq4(tmp_path_factory):
+    """The installed RQ under the version number 4.0.0 (no RQ 4 is released): a copy of its package,
+    its version.py changed, put first on PYTHONPATH."""
+    import rq
+
+    target = tmp_path_factory.mktemp("rq4")
+    shutil.copytree(os.path.dirname(rq.__file__), target / "rq", ignore=shutil.ignore_patterns("__pycache__"))
+    (target / "rq" / "version.py").write_text("VERSION = '4.0.0'\n")
+    env = child_env()
+    env["PYTHONPATH"] = str(target) + os.pathsep + env["PYTHONPATH"]
+    return env
+
+
 def test_workers_refuse_rq_2_with_one_line(rq2, redis_url, tmp_path):
-    expected = f"error: rq 2.6.1 is installed; an AesrlWorker needs {RQ_RANGE}"
+    _refused_in_one_line(rq2, "2.6.1", redis_url, tmp_path)
+
+
+def test_workers_refuse_rq_4_with_one_line(rq4, redis_url, tmp_path):
+    _refused_in_one_line(rq4, "4.0.0", redis_url, tmp_path)
+
+
+def _refused_in_one_line(env, version, redis_url, tmp_path):
+    expected = f"error: rq {version} is installed; an AesrlWorker needs {RQ_RANGE}"
     for cmd in ([sys.executable, "-m", "cli.main", "worker", "-n", "1", "--redis-url", redis_url],
                 [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.AesrlWorker", "-u", redis_url, "--burst"],
                 [sys.executable, "-m", "cli.main", "run", "--env", "Pendulum-v1", "--steps", "100", "--workers", "1",
                  "--out", str(tmp_path / "runs")]):
-        res = subprocess.run(cmd, capture_output=True, text=True, env=rq2, cwd=ROOT, timeout=120)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
         assert res.returncode in (1, 2), (cmd, res.returncode, res.stderr)
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert lines and lines[-1].startswith(expected), (cmd, res.stderr[-2000:])

@@ -15,6 +15,7 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from aesrl_queue.store import live_workers
 from tests.conftest import wait_for
 
 N = 60
@@ -89,6 +90,14 @@ def test_a_live_worker_looks_alive_to_rq(client, redis_url, procs) -> None:
     assert w.last_heartbeat is not None and w.last_heartbeat >= max(job.ended_at for job in done), (
         w.last_heartbeat, max(job.ended_at for job in done))
     assert client.ttl(w.key) > 300  # worker_ttl + 60 by default; refreshed, never left to lapse
+    # The project's own heartbeat (what `status` lists) counts every job, the failed one included,
+    # and names no job once the worker is idle.
+    ours = live_workers(client)
+    assert list(ours) == [w.name], ours
+    wait_for(lambda: live_workers(client)[w.name].get("jobs_done") == str(N + 1), 10,
+             what="the heartbeat to count the jobs", on_fail=lambda: str(live_workers(client)))
+    beat = live_workers(client)[w.name]
+    assert beat["job"] == "" and beat["kind"] == "" and beat["run"] == "", beat
 
 
 def test_rq_suspend_still_stops_the_worker_taking_jobs(client, redis_url, procs) -> None:

@@ -28,9 +28,10 @@ from workers import jobs, replica
 
 log = logging.getLogger(__name__)
 
-# AesrlWorker overrides RQ 3's worker internals (perform_job takes the job's execution, and the
-# heartbeat, state and execution-ended hooks keep RQ 3's signatures): under RQ 2 every job fails.
+# AesrlWorker overrides RQ 3's worker internals (each override below names the RQ 3.0.0 code it
+# depends on): under RQ 2 every job fails, and RQ 4 may change any of them, so both are refused.
 RQ_REQUIRED = (3, 0)
+RQ_BELOW = (4, 0)
 RQ_RANGE = "rq>=3.0,<4"
 
 HEARTBEAT_EVERY = 2.0  # seconds; the key lives WORKER_TTL seconds
@@ -42,6 +43,10 @@ class AllowlistJob(Job):
 
     JSON removes pickle's code execution, but RQ would still import and call any dotted name a
     Redis writer stores in a job; this closes that door (and callbacks, which resolve the same way).
+    A job class is an RQ extension point (`rq worker --job-class`, the worker's job_class); the
+    check reads RQ 3.0.0's Job.func, func_name, instance and the callback names Job.create stores in
+    _success/_failure/_stopped_callback_name (rq/job.py), which the job's callback properties
+    would import.
     """
 
     @property
@@ -67,13 +72,15 @@ def rq_problem(version: str | None = None) -> str | None:
 
         version = rq.__version__
     parts = []
-    for piece in version.split(".")[:2]:
+    for piece in (version.split(".") + ["0"])[:2]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
-    if tuple(parts) >= RQ_REQUIRED:
+    if RQ_REQUIRED <= tuple(parts) < RQ_BELOW:
         return None
-    return (f"rq {version} is installed; an AesrlWorker needs {RQ_RANGE} (it overrides RQ 3's worker "
-            f"internals): pip install '{RQ_RANGE}'")
+    why = "it overrides RQ 3's worker internals"
+    if tuple(parts) >= RQ_BELOW:
+        why += f", which RQ {parts[0]} may have changed; it was written for RQ 3"
+    return f"rq {version} is installed; an AesrlWorker needs {RQ_RANGE} ({why}): pip install '{RQ_RANGE}'"
 
 
 def _limit_threads() -> bool:
@@ -156,6 +163,8 @@ class AesrlWorker(SimpleWorker):
                     log.warning("heartbeat failed (%s); retrying every %.0fs", exc, HEARTBEAT_EVERY)
 
     def work(self, *args, **kwargs):
+        # Worker.work(burst, ...) is RQ's documented entry point (rq/worker/base.py in 3.0.0; `rq
+        # worker` calls it); wrapped whole, with its arguments passed through, not reimplemented.
         try:
             self._beat()
         except Exception as exc:
@@ -183,13 +192,38 @@ class AesrlWorker(SimpleWorker):
         except Exception as exc:  # still works: every read falls back to the primary
             log.warning("worker %s: %s; reads go to the primary when the replica cannot answer", self.name, exc)
 
-    # -- Redis outages ------------------------------------------------------------------------------
-    # RQ quits its work loop on any Redis error outside its dequeue. A worker serves for hours and
-    # must outlive a Redis restart: wait for Redis, say so, and tell the scheduler about the job
-    # the outage interrupted so that its slot is refilled at once (not after the job deadline).
+    # -- RQ internals this class overrides ----------------------------------------------------------
+    # RQ documents worker subclasses (`rq worker -w`), job classes, serializers, exception handlers
+    # and the work() arguments, but no hook for the two things below: riding out a Redis outage in
+    # RQ's own bookkeeping, and writing that bookkeeping in fewer round trips. Exception handlers and
+    # job callbacks run only after RQ's bookkeeping for the job succeeded, so they cannot catch an
+    # outage in it, and callbacks are refused by AllowlistJob. Each override keeps RQ's signature and
+    # calls RQ's method; each names the RQ 3.0.0 code it depends on. rq_problem refuses RQ 4.
+
+    # Redis outages. RQ's work loop (BaseWorker.work, rq/worker/base.py) quits on any Redis error
+    # outside dequeue_job_and_maintain_ttl, which retries on its own. A worker serves for hours and
+    # must outlive a Redis restart: wait for Redis, say so, and tell the scheduler about the job the
+    # outage interrupted so that its slot is refilled at once (not after the job deadline).
     def execute_job(self, job, queue):
+        # BaseWorker.execute_job(job, queue) is the method RQ leaves to worker classes
+        # (rq/worker/base.py); SimpleWorker.execute_job (rq/worker/worker_classes.py) runs
+        # prepare_execution, perform_job and set_state(IDLE), all of RQ's per-job Redis writes.
         try:
-            return super().execute_job(job, queue)
+            kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
+        except DeserializationError:  # not JSON (a planted pickle): RQ fails the job; we go on
+            kwargs = {}
+        # The heartbeat thread publishes this within HEARTBEAT_EVERY; no extra round trip per job
+        # (the scheduler learns that the job started from the job's own start script).
+        self._current = {"job": str(kwargs.get("job", job.id)), "kind": str(kwargs.get("kind", "")),
+                         "run": str(kwargs.get("run", ""))}
+        try:
+            try:
+                return super().execute_job(job, queue)
+            finally:
+                self._jobs_done += 1
+                self._current = {}
+                if not self._torch_limited:
+                    self._torch_limited = _limit_threads()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._wait_for_redis(exc, f"worker {self.name} (job {job.id} interrupted)")
             self._report_interrupted(job, exc)
@@ -199,25 +233,34 @@ class AesrlWorker(SimpleWorker):
                 pass
 
     def check_for_suspension(self, burst: bool):
+        # BaseWorker.check_for_suspension(burst) (rq/worker/base.py), called first in each turn of
+        # BaseWorker.work's loop, outside the loop's Redis retries.
         try:
             return super().check_for_suspension(burst)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._wait_for_redis(exc, f"worker {self.name}")
 
     def run_maintenance_tasks(self):
+        # BaseWorker.run_maintenance_tasks() (rq/worker/base.py), called by BaseWorker.work's loop
+        # outside its Redis retries, every maintenance_interval.
         try:
             return super().run_maintenance_tasks()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._wait_for_redis(exc, f"worker {self.name} (maintenance skipped)")
 
-    # -- RQ's own bookkeeping, in fewer round trips ---------------------------------------------------
-    # A SimpleWorker refreshes its RQ worker key (HSET + 2 EXPIRE, one round trip each) three times
-    # per job and writes state "idle" twice; that is 11 of its ~21 round trips per job. Here the
-    # refresh is pipelined, skipped when the same TTL was set less than RQ_HEARTBEAT_EVERY seconds
-    # ago (the key lives worker_ttl + 60 s, 480 s by default), and sent with the "idle" state that
-    # follows a job; "idle" is not written again when it is what this worker last wrote. What RQ
-    # stores is the same; `last_heartbeat` is at most RQ_HEARTBEAT_EVERY seconds old instead of a job old.
+    # RQ's own bookkeeping, in fewer round trips. A SimpleWorker refreshes its RQ worker key (HSET +
+    # 2 EXPIRE, one round trip each) three times per job and writes state "idle" twice; that is 11 of
+    # its ~21 round trips per job. Here the refresh is pipelined, skipped when the same TTL was set
+    # less than RQ_HEARTBEAT_EVERY seconds ago (the key lives worker_ttl + 60 s, 480 s by default),
+    # and sent with the "idle" state that follows a job; "idle" is not written again when it is what
+    # this worker last wrote. What RQ stores is the same; `last_heartbeat` is at most
+    # RQ_HEARTBEAT_EVERY seconds old instead of a job old (tests/test_worker_rq.py compares the
+    # records and the commands).
     def heartbeat(self, timeout=None, pipeline=None):
+        # BaseWorker.heartbeat(timeout, pipeline) (rq/worker/base.py): HSET last_heartbeat and EXPIRE
+        # of the worker key and its executions key. BaseWorker.work calls it after each job and
+        # dequeue_job_and_maintain_ttl before and after each dequeue, without a pipeline;
+        # prepare_job_execution and maintain_heartbeats pass theirs, which is always honoured.
         ttl = timeout or self.worker_ttl + 60
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
@@ -239,13 +282,19 @@ class AesrlWorker(SimpleWorker):
         return last_ttl != ttl or time.monotonic() - at >= RQ_HEARTBEAT_EVERY
 
     def handle_execution_ended(self, job, queue, heartbeat_ttl):
-        # RQ writes the job's last_heartbeat here in a round trip of its own; on success the job hash
-        # is saved whole (last_heartbeat included) a moment later, in the success transaction.
+        # BaseWorker.handle_execution_ended(job, queue, heartbeat_ttl) (rq/worker/base.py) sets
+        # job.ended_at and writes the job's last_heartbeat in a round trip of its own. On success
+        # BaseWorker._finalize_success calls it just before handle_job_success, whose transaction
+        # saves the job hash whole (Job._handle_success -> Job.save, rq/job.py), last_heartbeat
+        # included; so only a failed or stopped job needs RQ's write.
         if job.get_status(refresh=False) in (JobStatus.FAILED, JobStatus.STOPPED):
             return super().handle_execution_ended(job, queue, heartbeat_ttl)
         job.ended_at = job.last_heartbeat = now()
 
     def set_state(self, state, pipeline=None):
+        # BaseWorker.set_state(state, pipeline) (rq/worker/base.py): HSET state and self._state.
+        # "idle" comes from SimpleWorker.execute_job after each job and from
+        # dequeue_job_and_maintain_ttl before each dequeue, both without a pipeline.
         if pipeline is not None or state != WorkerStatus.IDLE:
             return super().set_state(state, pipeline)
         if state == getattr(self, "_state", None):
@@ -279,20 +328,3 @@ class AesrlWorker(SimpleWorker):
             })
         except Exception as report_exc:  # the run is gone or unreadable: its scheduler finds the job lost
             log.warning("could not report the interrupted job %s: %s", job.id, report_exc)
-
-    def perform_job(self, job, queue, execution) -> bool:
-        try:
-            kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
-        except DeserializationError:  # not JSON (a planted pickle): RQ fails the job below; we go on
-            kwargs = {}
-        # The heartbeat thread publishes this within HEARTBEAT_EVERY; no extra round trip per job
-        # (the scheduler learns that the job started from the job's own start script).
-        self._current = {"job": str(kwargs.get("job", job.id)), "kind": str(kwargs.get("kind", "")),
-                         "run": str(kwargs.get("run", ""))}
-        try:
-            return super().perform_job(job, queue, execution)
-        finally:
-            self._jobs_done += 1
-            self._current = {}
-            if not self._torch_limited:
-                self._torch_limited = _limit_threads()
