@@ -26,7 +26,7 @@ from aesrl_queue.progress import Snapshot, duration
 log = logging.getLogger(__name__)
 
 PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
-PLAIN_WIDTH = 200  # a log line is not redrawn: every part fits, the phase with its command included
+PLAIN_WIDTH = 220  # a log line is not redrawn: every part fits, the phase with its command included
 PHASE_ROOM = 40  # columns the phase keeps on a narrow terminal before the other parts give way
 
 

@@ -294,7 +294,7 @@ def test_errors_are_one_line_and_evaluate_reads_run_folders(first_run, tmp_path,
 # -- progress -----------------------------------------------------------------------------------------
 def test_progress_line_fits_80_columns_with_f_mu_first():
     from aesrl_queue.progress import Phase, Snapshot
-    from cli.launch import progress_line
+    from cli.launch import PLAIN_WIDTH, progress_line
 
     cfg = RunConfig.from_preset("Pendulum-v1", run_id="p", total_steps=40_000, initial_steps=2000).resolve()
     st = {"steps": 12_600, "f_mu": -1263.37, "version": 123456, "es_applied": 99999, "rl_applied": 88888,
@@ -318,7 +318,7 @@ def test_progress_line_fits_80_columns_with_f_mu_first():
     problem = "no critic: aesrl-queue critic start --run nc --redis-url redis://127.0.0.1:40123/0"
     line = progress_line(snap(phase_text=problem), width=80)
     assert len(line) <= 80 and "12,600/40,000" in line and "no critic: aesrl-queue critic start" in line, line
-    assert progress_line(snap(phase_text=problem), width=200).endswith(problem)
+    assert progress_line(snap(phase_text=problem), width=PLAIN_WIDTH).endswith(problem)
     assert label.startswith("waiting for critic")
     assert Phase(cfg).label(dict(st, steps=100)) == "random actions"
     # With a critic: nothing to say while it keeps within critic_lag, its lag when the scheduler holds jobs.
