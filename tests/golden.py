@@ -139,7 +139,7 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
     import workers.jobs
     from aesrl_queue.nets import NetSpec, get_flat
     from aesrl_queue.store import Store
-    from workers.jobs import run_job
+    from workers.jobs import evaluate
 
     out = {}
     for name, algo, kind, random_actions in (("random", "aesrl", "es", True), ("es", "aesrl", "es", False),
@@ -171,8 +171,8 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
         # test_golden checks apart that such a run stores none.
         with mock.patch("workers.jobs.needs_critic_daemon", return_value=True):
             workers.jobs._CONTEXTS.clear()
-            run_job(client, cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
-                    random_actions=random_actions)
+            evaluate(cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
+                     random_actions=random_actions, client=client)
         workers.jobs._CONTEXTS.clear()
         (_, res), = client.xrange(store.key("results"))
         res = {k.decode(): v.decode() for k, v in res.items()}

@@ -1,0 +1,78 @@
+"""The job as one function of explicit inputs (workers/jobs.py `play`): called in this process with no
+Redis, it computes what the worker traces of tests/data/golden.json recorded through RQ's path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import golden
+from tests.test_golden import close
+
+RECORDED = json.loads(golden.DATA.read_text())["worker"]
+SEED = 1234
+
+
+def _inputs(algo: str, kind: str, **kw):
+    from workers.jobs import JobInputs
+
+    cfg = golden.config(algo, run_id=f"golden-w-{kind}")
+    mu = np.linspace(-0.4, 0.4, cfg.actor_dim, dtype=np.float32)
+    var = np.full(cfg.actor_dim, 1e-2, dtype=np.float32)
+    return JobInputs(cfg, kind, SEED, 0, mu, var, **kw)
+
+
+def test_seeds_are_derived_once_from_the_job_seed() -> None:
+    from workers.jobs import Seeds
+
+    s = Seeds.of(2**63 + 5, paired=True)
+    assert (s.noise, s.start, s.mean_start, s.torch, s.sampler) == (2**63 + 5, 5, 5, 5, 5)
+    u = Seeds.of(2**31 - 1, paired=False)
+    assert (u.start, u.mean_start) == (2**31 - 1, 0)  # the next start state, wrapped
+
+
+@pytest.mark.parametrize(("name", "algo", "random_actions"), [("es", "aesrl", False), ("random", "aesrl", True),
+                                                             ("es-antithetic", "es", False)])
+def test_an_es_job_played_in_process_computes_the_recorded_result(name, algo, random_actions) -> None:
+    from workers.jobs import play
+
+    out = play(_inputs(algo, "es", random_actions=random_actions))
+    want = RECORDED[name]
+    got = {"fitness": out.fitness, "len": out.length, "f_mu": out.f_mu, "f_mu_version": out.f_mu_version,
+           "eval_steps": out.eval_steps, **out.extra}
+    assert close(got, {k: want[k] for k in got}), (got, want)
+    assert out.z is None and out.transitions["rew"].shape[0] == out.length + out.extra.get("mirror_len", 0)
+    if name == "es-antithetic":
+        assert out.mean_transitions is None  # the pair's mean is f(μ): no μ episode
+    else:  # μ's episode, kept: its rewards sum to f(μ)
+        assert len(out.mean_transitions["rew"]) == out.eval_steps
+        assert close(float(out.mean_transitions["rew"].astype(np.float64).sum()), out.f_mu)
+
+
+def test_an_rl_job_played_in_process_trains_the_recorded_individual() -> None:
+    """The critic and the replay states given as plain inputs (as an in-process executor gives them)."""
+    import torch
+
+    from aesrl_queue.nets import NetSpec, get_flat
+    from aesrl_queue.td3 import ReplayBuffer
+    from workers.jobs import critic_module, play
+
+    inp = _inputs("aesrl", "rl", rl_steps=25)
+    cfg = inp.cfg
+    torch.manual_seed(2)
+    weights = {"critic": get_flat(NetSpec.from_config(cfg).make_critic("cpu"))}
+    states = ReplayBuffer(cfg.obs_dim, cfg.act_dim, 1000, obs_only=True)
+    rng = np.random.default_rng(4)
+    states.add_batch(rng.standard_normal((64, cfg.obs_dim)).astype(np.float32))  # the traces' seed episode
+    inp.critic = critic_module(cfg, weights)
+    inp.sample_states = lambda n, gen: states.sample(n, generator=gen)["obs"]
+    out = play(inp)
+    want = RECORDED["rl"]
+    assert close(golden.fingerprint(out.z), want["individual"])
+    assert close([out.fitness, out.f_mu], [want["fitness"], want["f_mu"]])
+    assert out.extra["dist_after"] > 0
+    # played again from the same inputs: the same individual, to the bit
+    again = play(inp)
+    assert np.array_equal(again.z, out.z) and again.fitness == out.fitness
