@@ -76,3 +76,42 @@ def test_an_rl_job_played_in_process_trains_the_recorded_individual() -> None:
     # played again from the same inputs: the same individual, to the bit
     again = play(inp)
     assert np.array_equal(again.z, out.z) and again.fitness == out.fitness
+
+
+def _run_es_job(client, algo: str, **kw):
+    """One ES job of the worker traces through RQ's entry point, on a run of `algo`: (result, state, replay)."""
+    from aesrl_queue.store import Store, decode_result
+    from workers import jobs
+
+    cfg = golden.config(algo, run_id=f"jobs-{algo}-{len(kw)}", **kw)
+    store = Store(client, cfg.run_id)
+    store.write_config(cfg)
+    store.publish_dist(0, np.linspace(-0.4, 0.4, cfg.actor_dim, dtype=np.float32),
+                       np.full(cfg.actor_dim, 1e-2, dtype=np.float32))
+    store.set_state(version=0)
+    job = f"{cfg.run_id}-j1"
+    store.add_inflight(job, {"kind": "es", "version": 0, "seed": SEED, "n": 1})
+    jobs._CONTEXTS.clear()
+    jobs.evaluate(cfg.run_id, job, "es", 0, SEED, cfg.spec_hash, client=client)
+    jobs._CONTEXTS.clear()
+    (entry_id, fields), = client.xrange(store.key("results"))
+    replay = [(f[b"job"].decode(), store.decode_episode(i, f)) for i, f in client.xrange(store.key("replay"))]
+    return decode_result(entry_id, fields), store.state(), replay
+
+
+def test_mus_episode_enters_the_replay_and_counts_as_stored_steps(client) -> None:
+    """A run with a critic stores the f(μ) episode as an entry of its own after the individual's, and
+    counts it in `steps`: every interaction of the job is a stored step."""
+    res, st, replay = _run_es_job(client, "aesrl")
+    assert [name for name, _ in replay] == [res.job, f"{res.job}:mu"]
+    assert [len(ep["rew"]) for _, ep in replay] == [res.length, res.eval_steps] == [200, 200]
+    assert close(float(replay[1][1]["rew"].astype(np.float64).sum()), res.f_mu)  # μ's own episode
+    assert st["steps"] == st["interactions"] == st["replay_held"] == res.steps == res.interactions == 400
+
+
+def test_a_run_without_a_critic_counts_mus_episode_as_interactions_only(client) -> None:
+    """aesrl with rl_ratio 0 keeps no replay (nothing would read it): nothing is stored, and μ's
+    episode is an interaction, not a stored step, as before."""
+    res, st, replay = _run_es_job(client, "aesrl", rl_ratio=0.0)
+    assert replay == [] and res.eval_steps == 200
+    assert (st["steps"], st["interactions"]) == (res.steps, res.interactions) == (200, 400)

@@ -309,12 +309,15 @@ class _RunContext:
         return self.critic
 
     def finish(self, job: str, base: dict[str, Any], out: Outcome, t0: float) -> None:
-        """Store the job's episode and append its result, in one atomic step; μ's episodes count as
-        interactions only. A run without a critic stores nothing."""
+        """Store the job's episodes and append its result, in one atomic step. A run that keeps a
+        replay stores μ's episodes as their own entry after the individual's, and counts them as
+        stored steps; a run without one stores nothing and counts μ's steps as interactions only."""
         cfg, store = self.cfg, self.store
         ind_key = "" if out.z is None else store.put_individual(job, out.z, ttl=max(600, cfg.job_timeout))
         fields = dict(base, status="ok", **out.result, ind=ind_key, duration=time.monotonic() - t0)
-        store.finish_job(out.transitions, job, fields, extra_interactions=out.eval_steps, keep=self.keeps_replay)
+        more = [(f"{job}:mu", out.mean_transitions)] if self.keeps_replay and out.mean_transitions is not None else []
+        store.finish_job(out.transitions, job, fields, extra_interactions=0 if self.keeps_replay else out.eval_steps,
+                         keep=self.keeps_replay, more=more)
 
 
 _CONTEXTS: dict[tuple[int, str], _RunContext] = {}
