@@ -316,7 +316,7 @@ def check_generations(out: dict, population: int) -> dict[int, list[dict]]:
 
 @pytest.mark.slow
 def test_cemrl_never_has_two_jobs_in_flight(cluster) -> None:
-    steps, population = 2400, 4
+    steps, population = 4800, 4  # each job stores 400 steps: its episode and μ's
     out = run_scheduler(cluster, "cemrl", "alg-cemrl", steps, "--initial-steps", "600")
     check_common(out, steps)
     check_generations(out, population)
@@ -331,7 +331,7 @@ def test_cemrl_never_has_two_jobs_in_flight(cluster) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("critic_mode", ["--serial-critic", "--parallel-critic"])
 def test_pcemrl_tells_once_per_generation_behind_a_barrier(cluster, critic_mode) -> None:
-    steps, population = 2400, 4
+    steps, population = 4800, 4  # each job stores 400 steps: its episode and μ's
     run = f"alg-pcemrl{critic_mode.replace('--', '-').split('-critic')[0]}"
     out = run_scheduler(cluster, "pcemrl", run, steps, "--initial-steps", "600", critic_mode)
     check_common(out, steps)

@@ -139,16 +139,18 @@ def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
         ep2 = run_episodes(cfg.env_id, actor, k=1, seed=seeds.start, store=True, env_kwargs=cfg.env_kwargs)
         extra.update(mirror_fitness=float(ep2.returns[0]), mirror_len=int(ep2.lengths[0]))
         transitions = {k: np.concatenate([v, ep2.transitions[k]]) for k, v in transitions.items()}
-        return Outcome(fitness, length, 0.5 * (fitness + extra["mirror_fitness"]), inp.version, 0, transitions,
-                       None, None, extra)
+        return Outcome(fitness, length, f_mu=0.5 * (fitness + extra["mirror_fitness"]), f_mu_version=inp.version,
+                       eval_steps=0, transitions=transitions, mean_transitions=None, extra=extra)
     # Paired (the default): the μ the individual was drawn from, from the individual's own start
     # state, so that f(z) − f(μ) measures the policy and not the start. Unpaired (the paper): an ES
     # job the μ it read at its start, an RL job, which trained for seconds meanwhile, μ as it is now.
     mean = (inp.version, inp.mu) if kind == "es" or cfg.mean_eval_paired else inp.current_mu()
     f_mu, mean_ep = evaluate_mean(cfg, actor, None if mean is None else mean[1], seeds.mean_start)
-    return Outcome(fitness, length, f_mu, -1 if mean_ep is None else int(mean[0]),
-                   0 if mean_ep is None else mean_ep.steps, transitions,
-                   None if mean_ep is None else mean_ep.transitions, z if kind == "rl" else None, extra)
+    z = z if kind == "rl" else None
+    if mean_ep is None:  # an unpaired run whose current μ could not be read
+        return Outcome(fitness, length, f_mu, -1, 0, transitions, None, z, extra)
+    return Outcome(fitness, length, f_mu, f_mu_version=int(mean[0]), eval_steps=mean_ep.steps,
+                   transitions=transitions, mean_transitions=mean_ep.transitions, z=z, extra=extra)
 
 
 def train(cfg: RunConfig, z: np.ndarray, critic: Any, sample_states: Callable[[int, Any], Any] | None,
