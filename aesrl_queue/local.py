@@ -144,10 +144,11 @@ class Children(ProcessGroup):
 
 # -- the run folder ------------------------------------------------------------------------------------
 def needed_interactions(cfg: RunConfig, st: dict[str, Any]) -> int:
-    """The environment steps a run needed to learn so far: every stored step, plus, for the
-    asynchronous loops (aesrl, es, opo, acemrl), the unstored f(μ) episodes their update rule
-    compares each individual with. td3's and the CEM-RL loops' f(μ) episodes only report progress,
-    so they are left out here (the run's `interactions` counts every env step, those included)."""
+    """The environment steps a run needed to learn so far: every stored step (μ's f(μ) episodes
+    included where the run keeps a replay), plus, for the asynchronous loops (aesrl, es, opo,
+    acemrl) without a critic, the unstored f(μ) episodes their update rule compares each individual
+    with. td3's evaluation episodes only report progress, so they are left out here (the run's
+    `interactions` counts every env step, those included)."""
     from aesrl_queue.algorithms import algorithm
 
     return int(st.get("interactions", 0)) if algorithm(cfg.algo).tells == "result" else int(st.get("steps", 0))

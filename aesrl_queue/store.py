@@ -86,31 +86,34 @@ local id = append_episode({unpack(ARGV, 4)}, tonumber(ARGV[2]), tonumber(ARGV[3]
 return id
 """
 
-# The end of a successful job in one round trip: store its episode as _STORE_EPISODE does (or, with
-# no episode args, only count its steps: a run without a critic keeps no replay), then append the
-# result with the counters as they stand after this episode (the scheduler reads steps from results
-# instead of polling). KEYS: replay, state, replay:index, results. ARGV: capacity, n, extra
-# interactions, results maxlen, number of episode args, episode args..., result args...
+# The end of a successful job in one round trip: store its episodes as _STORE_EPISODE does, each its
+# own entry (or, for a group with no episode args, only count its steps: a run without a critic keeps
+# no replay), count `extra` interactions that are not stored, then append the result with the
+# counters as they stand after this (the scheduler reads steps from results instead of polling).
+# KEYS: replay, state, replay:index, results. ARGV: capacity, extra interactions, results maxlen,
+# number of episodes, then per episode its n, number of args and args..., then the result args.
 _FINISH_JOB = _APPEND_EPISODE + """
-local cap, n, extra = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local ne = tonumber(ARGV[5])
-local steps, inter
-if ne > 0 then
-  local ep = {}
-  for i = 6, 5 + ne do ep[#ep + 1] = ARGV[i] end
-  local _
-  _, steps, inter = append_episode(ep, n, extra, cap)
-else
-  steps = redis.call('HINCRBY', KEYS[2], 'steps', n)
-  inter = redis.call('HINCRBY', KEYS[2], 'interactions', n + extra)
+local cap, extra = tonumber(ARGV[1]), tonumber(ARGV[2])
+local i = 5
+local steps, inter, _
+for _e = 1, tonumber(ARGV[4]) do
+  local n, na = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if na > 0 then
+    _, steps, inter = append_episode({unpack(ARGV, i + 2, i + 1 + na)}, n, 0, cap)
+  else
+    steps = redis.call('HINCRBY', KEYS[2], 'steps', n)
+    inter = redis.call('HINCRBY', KEYS[2], 'interactions', n)
+  end
+  i = i + 2 + na
 end
+if extra ~= 0 then inter = redis.call('HINCRBY', KEYS[2], 'interactions', extra) end
 local res = {}
-for i = 6 + ne, #ARGV do res[#res + 1] = ARGV[i] end
+for j = i, #ARGV do res[#res + 1] = ARGV[j] end
 res[#res + 1] = 'steps'
 res[#res + 1] = steps
 res[#res + 1] = 'interactions'
 res[#res + 1] = inter
-return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', unpack(res))
+return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(res))
 """
 
 
@@ -175,7 +178,7 @@ class Result:
     worker: str
     spec_hash: str
     error: str
-    eval_steps: int  # steps of the f(μ) episodes (interactions, not stored)
+    eval_steps: int  # steps of the f(μ) episodes (stored steps where the run keeps a replay)
     duration: float
     steps: int = -1  # the run's stored steps right after this job's episode was stored (-1: unknown)
     interactions: int = -1
@@ -418,22 +421,25 @@ class Store:
 
     # -- replay ---------------------------------------------------------------------------------
     def finish_job(self, transitions: dict[str, np.ndarray], job: str, result: dict[str, Any],
-                   extra_interactions: int = 0, keep: bool = True) -> str:
-        """Store the job's episode and append its result (with steps/interactions after it), atomically.
-        With `keep` False the episode's steps are counted but its transitions are not stored (a run
-        without a critic has no reader for them).
+                   extra_interactions: int = 0, keep: bool = True,
+                   more: list[tuple[str, dict[str, np.ndarray]]] = ()) -> str:
+        """Store the job's episode, then each (name, transitions) of `more` as an entry of its own,
+        count `extra_interactions` unstored steps, and append the result (with steps/interactions
+        after it), atomically. With `keep` False the episodes' steps are counted but nothing is
+        stored (a run without a critic has no reader for them).
 
         Returns the result's entry id. Equivalent to append_episode + append_result in one round trip."""
         cfg = self.config()
-        n, ep = _episode_args(transitions, job) if keep else (int(transitions["rew"].shape[0]), [])
-        res: list[Any] = []
+        args: list[Any] = []
+        for name, tr in [(job, transitions), *more]:
+            n, ep = _episode_args(tr, name) if keep else (int(tr["rew"].shape[0]), [])
+            args += [n, len(ep), *ep]
         for k, v in result.items():
-            if k in ("steps", "interactions"):
-                continue
-            res += [k, _fmt(v)]
+            if k not in ("steps", "interactions"):
+                args += [k, _fmt(v)]
         entry = self._finish_job(
             keys=[self.key("replay"), self.key("state"), self.key("replay:index"), self.key("results")],
-            args=[cfg.replay_capacity, n, int(extra_interactions), cfg.history_max, len(ep), *ep, *res],
+            args=[cfg.replay_capacity, int(extra_interactions), cfg.history_max, 1 + len(more), *args],
         )
         return _text(entry)
 

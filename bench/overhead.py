@@ -381,7 +381,7 @@ PARTS = (
 
 def es_result_fields(cfg: RunConfig, job: str, version: int, seed: int, fitness: float, f_mu: float,
                      length: int, steps: int = -1) -> dict[str, Any]:
-    """The fields a worker's ES job writes to the results stream (workers/jobs.py _evaluate; the
+    """The fields a worker's ES job writes to the results stream (workers/jobs.py play; the
     counters `steps`/`interactions` are added by store.finish_job's script)."""
     out = {"job": job, "kind": "es", "version": version, "seed": seed, "worker": "benchhost:12345",
            "spec_hash": cfg.spec_hash, "rl_steps": 0, "status": "ok", "fitness": fitness, "len": length,

@@ -3,7 +3,8 @@
 `optimizer_trace(algo)` tells a fixed sequence of made-up results to the optimizer of `algo` and
 records μ, var and p after each; `td3_trace()` trains the TD3 baseline's agent on a fixed batch;
 `worker_traces(client)` evaluates fixed job specs (random, ES, antithetic ES, RL) on a real Redis
-and records the returns, the f(μ) estimate and the stored transitions. Arrays are kept as SHA-256
+and records the returns, the f(μ) estimate and the stored transitions (the individual's episode,
+and μ's f(μ) episode as `mu_transitions` where the job stores one). Arrays are kept as SHA-256
 digests of their bytes, so "the same" means the same to the last bit, except where a matrix product
 computes them: torch's (the TD3 agent, the RL job's training) and numpy's (every episode a network
 plays: its returns and transitions). Those kernels round differently by processor and by the kernel
@@ -13,6 +14,11 @@ rounding (tests/test_golden.py). A random-action episode computes no product: it
 digest, compared exactly.
 
     python -m tests.golden --write      # record tests/data/golden.json (only when a change is meant)
+    python -m tests.golden --write worker/es worker/rl   # re-record only these traces
+
+A re-record of named traces leaves the others as recorded, and in the named ones keeps every recorded
+value that the new run reproduces to within rounding (what tests/test_golden.py accepts), so that a
+re-record on another processor changes only what the change of behaviour moved.
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
     import workers.jobs
     from aesrl_queue.nets import NetSpec, get_flat
     from aesrl_queue.store import Store
-    from workers.jobs import run_job
+    from workers.jobs import evaluate
 
     out = {}
     for name, algo, kind, random_actions in (("random", "aesrl", "es", True), ("es", "aesrl", "es", False),
@@ -170,30 +176,39 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
         # test_golden checks apart that such a run stores none.
         with mock.patch("workers.jobs.needs_critic_daemon", return_value=True):
             workers.jobs._CONTEXTS.clear()
-            run_job(client, cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
-                    random_actions=random_actions)
+            evaluate(cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
+                     random_actions=random_actions, client=client)
         workers.jobs._CONTEXTS.clear()
         (_, res), = client.xrange(store.key("results"))
         res = {k.decode(): v.decode() for k, v in res.items()}
         assert res["status"] == "ok", res
         entries = [(i, f) for i, f in client.xrange(store.key("replay")) if i not in before]
-        episodes = [f for _i, f in entries]
+        # the individual's episode (with its mirror's) under the job's name, then μ's f(μ) episode
+        own = [(i, f) for i, f in entries if f[b"job"] == job.encode()]
+        mean = [(i, f) for i, f in entries if f[b"job"] != job.encode()]
         h = hashlib.sha256()
-        for f in episodes:
+        for _i, f in own:
             for k in sorted(f):
                 h.update(k + b"=" + f[k])
         rec = {k: num(float(res[k])) for k in ("fitness", "f_mu") if k in res}
         rec.update({k: int(res[k]) for k in ("len", "eval_steps", "f_mu_version") if k in res})
         if "mirror_fitness" in res:
             rec.update(mirror_fitness=num(float(res["mirror_fitness"])), mirror_len=int(res["mirror_len"]))
-        rec.update(episodes=len(episodes), transitions=h.hexdigest()[:20])
+        rec.update(episodes=len(entries), transitions=h.hexdigest()[:20])
         if kind == "rl":  # the actor torch trained
             rec["individual"] = fingerprint(store.get_individual(res["ind"]))
         if not random_actions:  # the episode a network played: its actions went through a BLAS kernel
-            rec["transitions"] = fingerprint(np.concatenate([
-                np.concatenate([a.ravel() for _k, a in sorted(store.decode_episode(i, f).items())]) for i, f in entries]))
+            rec["transitions"] = _played(store, own)
+        if mean:  # μ's episode: a network played it
+            rec["mu_transitions"] = _played(store, mean)
         out[name] = rec
     return out
+
+
+def _played(store, entries) -> list[float]:
+    """The fingerprint of replay entries a network played (every field of every entry, in order)."""
+    return fingerprint(np.concatenate([
+        np.concatenate([a.ravel() for _k, a in sorted(store.decode_episode(i, f).items())]) for i, f in entries]))
 
 
 def record(client) -> dict[str, Any]:
@@ -201,6 +216,18 @@ def record(client) -> dict[str, Any]:
             # Hopper pays a survival bonus, so aesrl's fitness_shift ("alive") changes what the rule compares
             "hopper": {"aesrl": optimizer_trace("aesrl", env=HOPPER)}, "td3": td3_trace(),
             "worker": worker_traces(client)}
+
+
+def _rerecord(old: dict[str, Any], new: dict[str, Any], parts: list[list[str]]) -> dict[str, Any]:
+    """`old` with the named traces taken from `new`, keeping each recorded value `new` reproduces."""
+    from tests.test_golden import close
+
+    for section, name in parts:
+        if name not in new[section]:
+            raise SystemExit(f"no trace {section}/{name}; there are {sorted(new[section])}")
+        was = old[section].get(name, {})
+        old[section][name] = {k: was[k] if k in was and close(v, was[k]) else v for k, v in new[section][name].items()}
+    return old
 
 
 def main() -> int:
@@ -211,16 +238,19 @@ def main() -> int:
 
     torch.set_num_threads(1)
     if "--write" not in sys.argv:
-        print("usage: python -m tests.golden --write   (records tests/data/golden.json)")
+        print("usage: python -m tests.golden --write [SECTION/NAME ...]   (records tests/data/golden.json)")
         return 2
     import tempfile
 
+    parts = [a.split("/", 1) for a in sys.argv[1:] if a != "--write"]
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(directory=Path(tmp) / "redis").start()
         try:
             data = record(connect(server.url))
         finally:
             server.cleanup()
+    if parts:
+        data = _rerecord(json.loads(DATA.read_text()), data, parts)
     DATA.parent.mkdir(exist_ok=True)
     DATA.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {DATA}")

@@ -21,6 +21,7 @@ import pytest
 
 from aesrl_queue import noise
 from aesrl_queue.config import RunConfig
+from aesrl_queue.optimizers import needs_critic_daemon
 from aesrl_queue.store import Store, decode_result
 from tests.conftest import ROOT, Procs, child_env, wait_for
 
@@ -166,7 +167,7 @@ def overlapping(results: list[dict]) -> int:
     return sum(1 for (_s0, e0), (s1, _e1) in zip(spans, spans[1:], strict=False) if s1 < e0 - 0.01)
 
 
-def check_common(out: dict, steps: int, unstored_episodes: bool = True) -> None:
+def check_common(out: dict, steps: int) -> None:
     st, history = out["state"], out["history"]
     assert st["status"] == "finished" and st["steps"] >= steps, st
     # Same metrics for every algorithm: f(μ) against stored steps, interactions and wall clock.
@@ -175,8 +176,17 @@ def check_common(out: dict, steps: int, unstored_episodes: bool = True) -> None:
     steps_seen = [h["steps"] for h in history]
     assert steps_seen == sorted(steps_seen)
     assert np.isfinite(history[-1]["f_mu"]), history[-1]
-    # f(μ) episodes are interactions that are not stored (none when antithetic ES pairs estimate it)
-    assert st["interactions"] > st["steps"] if unstored_episodes else st["interactions"] == st["steps"], st
+    results = [r["res"] for r in out["results"] if r["res"].ok]
+    if not results:  # td3: its evaluation episodes are interactions, not stored
+        assert st["interactions"] > st["steps"], st
+        return
+    # Every step a job played is an interaction. A run with a replay stores them all, μ's f(μ)
+    # episodes included; a run without one stores none and counts the individuals' episodes as steps.
+    played = sum(r.length + r.mirror_len + r.eval_steps for r in results)
+    assert st["interactions"] == played, (st, played)
+    stored = played if needs_critic_daemon(out["store"].config()) else played - sum(r.eval_steps for r in results)
+    assert st["steps"] == stored, (st, stored)
+    assert history[-1]["steps"] <= st["steps"] and history[-1]["interactions"] <= st["interactions"], history[-1]
 
 
 # -- the asynchronous loops -----------------------------------------------------------------------------
@@ -233,7 +243,7 @@ def test_es_enqueues_no_rl_job_and_run_starts_no_critic(cluster, tmp_path) -> No
     logs = sorted(p.name for p in (tmp_path / run / "logs").iterdir())
     assert "critic.log" not in logs and "worker-0.log" in logs, logs
     out = collect(cluster["client"], run)
-    check_common(out, steps, unstored_episodes=False)
+    check_common(out, steps)
     st = out["state"]
     assert st["rl_applied"] == 0 and st["n_rl"] == 1 and st["critic_version"] == 0, st  # n_rl starts at 1
     assert {r["res"].kind for r in out["results"]} == {"es"}
@@ -306,7 +316,7 @@ def check_generations(out: dict, population: int) -> dict[int, list[dict]]:
 
 @pytest.mark.slow
 def test_cemrl_never_has_two_jobs_in_flight(cluster) -> None:
-    steps, population = 2400, 4
+    steps, population = 4800, 4  # each job stores 400 steps: its episode and μ's
     out = run_scheduler(cluster, "cemrl", "alg-cemrl", steps, "--initial-steps", "600")
     check_common(out, steps)
     check_generations(out, population)
@@ -321,7 +331,7 @@ def test_cemrl_never_has_two_jobs_in_flight(cluster) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("critic_mode", ["--serial-critic", "--parallel-critic"])
 def test_pcemrl_tells_once_per_generation_behind_a_barrier(cluster, critic_mode) -> None:
-    steps, population = 2400, 4
+    steps, population = 4800, 4  # each job stores 400 steps: its episode and μ's
     run = f"alg-pcemrl{critic_mode.replace('--', '-').split('-critic')[0]}"
     out = run_scheduler(cluster, "pcemrl", run, steps, "--initial-steps", "600", critic_mode)
     check_common(out, steps)

@@ -81,7 +81,7 @@ def test_a_run_without_a_critic_stores_no_transitions_and_computes_the_same(clie
     job = f"{cfg.run_id}-j1"
     store.add_inflight(job, {"kind": "es", "version": 0, "seed": 1234, "n": 1})
     workers.jobs._CONTEXTS.clear()
-    workers.jobs.run_job(client, cfg.run_id, job, "es", 0, 1234, cfg.spec_hash)
+    workers.jobs.evaluate(cfg.run_id, job, "es", 0, 1234, cfg.spec_hash, client=client)
     (_, res), = client.xrange(store.key("results"))
     want = RECORDED["worker"]["es-antithetic"]
     assert close(float(res[b"fitness"]), want["fitness"]) and close(float(res[b"mirror_fitness"]), want["mirror_fitness"])

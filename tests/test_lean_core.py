@@ -36,7 +36,7 @@ def test_settings_are_at_most_fifty_and_each_has_a_help_line() -> None:
 
 
 def test_the_job_function_and_tell_read_in_one_screen() -> None:
-    assert _lines(_function("workers/jobs.py", "_evaluate")) <= 60
+    assert _lines(_function("workers/jobs.py", "play")) <= 60
     assert _lines(_function("aesrl_queue/optimizers/aesrl.py", "AesrlOptimizer.tell")) <= 60
 
 

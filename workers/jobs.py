@@ -1,29 +1,40 @@
-"""The RQ job functions: evaluate one ES or RL individual of a run and report (the job protocol of
-docs/architecture.md).
+"""The job: evaluate one ES or RL individual of a run (the job protocol of docs/architecture.md).
 
-Jobs carry only small JSON arguments (run, job, kind, version, seed, spec_hash, rl_steps); the
-parameters come from Redis. Per-process state (environments, networks, replay mirror, critic)
-is kept between jobs, which is why these run on a SimpleWorker.
+`play` is the job itself, a function of explicit inputs (`JobInputs`: the config, the μ/var the
+individual is drawn from, the critic, a source of replay states) that returns what it computed
+(`Outcome`: returns, f(μ), the episodes to store, an RL job's trained individual). It reads and
+writes nothing else, so an in-process executor calls it as RQ's path does.
+
+`evaluate` is RQ's entry point and the tests': it reads the job's inputs from Redis (the primary, or
+the host's relay or replica), calls `play`, and writes the outcome with `finish_job`. Jobs carry only
+small JSON arguments (run, job, kind, version, seed, spec_hash, rl_steps, random_actions). What is
+dear to rebuild per job (environments, networks, the replay mirror, the critic) is kept per process
+in a `_RunContext`, which is why jobs run on a SimpleWorker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis
 
 from aesrl_queue import codec, noise
 from aesrl_queue.codec import CodecError
-from aesrl_queue.config import load_config_blob
+from aesrl_queue.config import RunConfig, load_config_blob
 from aesrl_queue.optimizers import needs_critic_daemon
 from aesrl_queue.store import Store, decode_dist
 from workers.replica import ReplicaReader, reader_for
+
+if TYPE_CHECKING:
+    from aesrl_queue.numpy_actor import NumpyActor
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +44,162 @@ ALLOWED_FUNCTIONS = ("workers.jobs.evaluate", "workers.jobs.noop")
 # Set by AesrlWorker so results and heartbeats name the worker; plain callers get host:pid.
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
+
 class JobRejected(RuntimeError):
     """The job cannot be evaluated here (spec mismatch, missing data); reported as a failed result."""
 
 
+# -- the job -------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Seeds:
+    """Every seed a job uses, derived from its one seed here and nowhere else.
+
+    The same seed gives the same individual, the same training and the same start states, so a job
+    evaluated again (replaced, or rebuilt by the scheduler from version and seed) computes the same."""
+
+    noise: int  # ε of z = μ + σ·ε (noise.rebuild; the scheduler rebuilds z from the same seed)
+    start: int  # the start state of the individual's episode (and of its antithetic mirror's)
+    mean_start: int  # the start state of μ's episode: the individual's (paired) or the next one (unpaired)
+    torch: int  # torch's global generator while the actor trains (RL)
+    sampler: int  # the generator that draws the replay batches the actor trains on (RL)
+
+    @classmethod
+    def of(cls, seed: int, paired: bool) -> Seeds:
+        start = seed % (2**31)
+        return cls(noise=seed, start=start, mean_start=start if paired else (seed + 1) % (2**31),
+                   torch=seed % (2**31), sampler=seed % (2**63))
+
+
+@dataclasses.dataclass
+class JobInputs:
+    """Everything a job computes from. `critic`, `sample_states` and `device` matter to RL jobs only,
+    `current_mu` to an RL job of an unpaired run (its f(μ) is μ as it is once training is done)."""
+
+    cfg: RunConfig
+    kind: str  # "es" or "rl"
+    seed: int
+    version: int  # the version of μ/var the individual is drawn from
+    mu: np.ndarray
+    var: np.ndarray
+    rl_steps: int = 0
+    random_actions: bool = False
+    critic: Any = None  # the critic module the actor trains against (`critic_module`)
+    sample_states: Callable[[int, Any], Any] | None = None  # (n, torch generator) -> n replay states
+    current_mu: Callable[[], tuple[int, np.ndarray] | None] | None = None
+    device: str = "cpu"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a job computed. `transitions` is the individual's episode (with its mirror's, antithetic),
+    `mean_transitions` μ's episodes (None when no μ episode ran): both are data for the replay."""
+
+    fitness: float
+    length: int
+    f_mu: float
+    f_mu_version: int
+    eval_steps: int  # the steps of μ's episodes
+    transitions: dict[str, np.ndarray]
+    mean_transitions: dict[str, np.ndarray] | None
+    z: np.ndarray | None = None  # RL: the trained individual
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)  # mirror_fitness/len; dist_after
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The fields of the result entry that the job computed."""
+        return {"fitness": self.fitness, "len": self.length, "f_mu": self.f_mu, "f_mu_version": self.f_mu_version,
+                "eval_steps": self.eval_steps, **self.extra}
+
+
+def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
+    """The job, top to bottom: seeds → rebuild → train (RL) → episode → f(μ). `actor` is a numpy
+    actor of the run's spec to reuse (one is made when None)."""
+    from aesrl_queue.rollout import run_episodes
+
+    cfg, kind = inp.cfg, inp.kind
+    if actor is None:
+        from aesrl_queue.numpy_actor import NetSpec
+
+        actor = NetSpec.from_config(cfg).make_numpy_actor()
+    seeds = Seeds.of(inp.seed, cfg.mean_eval_paired)
+    # es_antithetic: the job also plays μ − σ·ε from the same start state and stores both episodes;
+    # their mean return estimates f(μ) (the first-order terms cancel), so no episode is spent on μ
+    antithetic = kind == "es" and cfg.es_antithetic and not inp.random_actions
+    individual = noise.rebuild(inp.mu, seeds.noise, var=inp.var, antithetic=antithetic)
+    z, extra = individual.z, {}
+    if kind == "rl":
+        z = train(cfg, z, inp.critic, inp.sample_states, seeds, inp.rl_steps, inp.device)
+        extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - inp.mu))
+    actor.set_params(z)
+    ep = run_episodes(cfg.env_id, None if inp.random_actions else actor, k=1, seed=seeds.start,
+                      random_actions=inp.random_actions, store=True, env_kwargs=cfg.env_kwargs)
+    fitness, length, transitions = float(ep.returns[0]), int(ep.lengths[0]), ep.transitions
+    if antithetic:
+        actor.set_params(individual.mirror)
+        ep2 = run_episodes(cfg.env_id, actor, k=1, seed=seeds.start, store=True, env_kwargs=cfg.env_kwargs)
+        extra.update(mirror_fitness=float(ep2.returns[0]), mirror_len=int(ep2.lengths[0]))
+        transitions = {k: np.concatenate([v, ep2.transitions[k]]) for k, v in transitions.items()}
+        return Outcome(fitness, length, f_mu=0.5 * (fitness + extra["mirror_fitness"]), f_mu_version=inp.version,
+                       eval_steps=0, transitions=transitions, mean_transitions=None, extra=extra)
+    # Paired (the default): the μ the individual was drawn from, from the individual's own start
+    # state, so that f(z) − f(μ) measures the policy and not the start. Unpaired (the paper): an ES
+    # job the μ it read at its start, an RL job, which trained for seconds meanwhile, μ as it is now.
+    mean = (inp.version, inp.mu) if kind == "es" or cfg.mean_eval_paired else inp.current_mu()
+    f_mu, mean_ep = evaluate_mean(cfg, actor, None if mean is None else mean[1], seeds.mean_start)
+    z = z if kind == "rl" else None
+    if mean_ep is None:  # an unpaired run whose current μ could not be read
+        return Outcome(fitness, length, f_mu, -1, 0, transitions, None, z, extra)
+    return Outcome(fitness, length, f_mu, f_mu_version=int(mean[0]), eval_steps=mean_ep.steps,
+                   transitions=transitions, mean_transitions=mean_ep.transitions, z=z, extra=extra)
+
+
+def train(cfg: RunConfig, z: np.ndarray, critic: Any, sample_states: Callable[[int, Any], Any] | None,
+          seeds: Seeds, steps: int, device: str = "cpu") -> np.ndarray:
+    """z after `steps` (at least one) actor steps against `critic`'s Q1, on batches of replay states
+    drawn by `sample_states(n, generator)`; seeded by the job's seeds alone, so a job evaluated again
+    trains the same actor."""
+    import torch
+
+    from aesrl_queue.learners import learner_class
+    from aesrl_queue.nets import NetSpec
+    from aesrl_queue.td3 import train_actor
+
+    if critic is None or sample_states is None:
+        raise JobRejected("an RL job needs a critic and replay states")
+    gen = torch.Generator().manual_seed(seeds.sampler)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seeds.torch)
+        z = train_actor(z, NetSpec.from_config(cfg), critic, lambda n: sample_states(n, gen), steps=max(1, steps),
+                        batch_size=cfg.batch_size, lr=cfg.actor_lr, device=device,
+                        betas=learner_class(cfg.learner).betas)
+    if not np.all(np.isfinite(z)):
+        raise JobRejected("RL training produced non-finite parameters")
+    return z
+
+
+def evaluate_mean(cfg: RunConfig, actor: NumpyActor, mu: np.ndarray | None, start: int):
+    """(f(μ), μ's episodes) over `mean_eval_episodes` episodes, the first from `start`; (NaN, None)
+    when there is no μ to evaluate. The episodes' transitions are kept: they are data for the replay."""
+    from aesrl_queue.rollout import run_episodes
+
+    if mu is None:
+        return float("nan"), None
+    actor.set_params(mu)
+    ev = run_episodes(cfg.env_id, actor, k=cfg.mean_eval_episodes, seed=start, store=True, env_kwargs=cfg.env_kwargs)
+    return float(np.mean(ev.returns)), ev
+
+
+def critic_module(cfg: RunConfig, weights: dict[str, Any], device: str = "cpu"):
+    """The critic an RL job trains against, built from the weights the critic daemon publishes."""
+    from aesrl_queue.learners import learner_class
+    from aesrl_queue.nets import NetSpec
+
+    return learner_class(cfg.learner).critic_for_actor(NetSpec.from_config(cfg), weights, device)
+
+
+# -- the RQ path: inputs from Redis, the result to Redis ---------------------------------------------------
 class _RunContext:
-    """What one worker process keeps for one run between jobs."""
+    """What one worker process keeps for one run between jobs, and how it reads a job's inputs."""
 
     def __init__(self, client: redis.Redis, run: str) -> None:
         from aesrl_queue.numpy_actor import NetSpec  # torch-free: ES-only workers never import torch
@@ -53,14 +214,28 @@ class _RunContext:
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
         # The replay's readers are the critic and RL jobs: a run without them stores no transitions.
         self.keeps_replay = needs_critic_daemon(cfg)
-        self.spec = NetSpec.from_config(cfg)
-        self.actor = self.spec.make_numpy_actor()
+        self.actor = NetSpec.from_config(cfg).make_numpy_actor()
         self.mirror = None  # obs-only replay mirror, built on the first RL job
         self.mirror_last = "0-0"
         self.critic = None
         self.critic_version = -1
         self.critic_named = 0  # critic version the primary named at the start of the job (replica reads)
         self.touched = time.monotonic()
+
+    def inputs(self, job: str, kind: str, seed: int, rl_steps: int, random_actions: bool) -> JobInputs | None:
+        """Start `job` and read what it computes from; None if the job is no longer wanted."""
+        info = codec.pack({"worker": WORKER_NAME, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
+        started = self.begin(job, info)
+        if started is None:
+            return None
+        version, mu, var = started
+        inp = JobInputs(self.cfg, kind, seed, version, mu, var, rl_steps, random_actions,
+                        current_mu=self.read_current_mu)
+        if kind == "rl":
+            inp.device = _device()
+            inp.critic = self.load_critic(inp.device)
+            inp.sample_states = self.replay_states(inp.device)
+        return inp
 
     def begin(self, job: str, info: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
         """Start `job` on the primary: (version, μ, var) of the version it uses, None if no longer wanted."""
@@ -83,7 +258,15 @@ class _RunContext:
             return None
         return int(got[0]), codec.decode_array(got[1], size=self.cfg.actor_dim, what="current mu")
 
-    # -- replay mirror ----------------------------------------------------------------------------
+    def replay_states(self, device: str) -> Callable[[int, Any], Any]:
+        """The replay states an RL job trains on: the mirror, brought up to date, sampled uniformly."""
+        self.sync_mirror(device)
+        held = 0 if self.mirror is None else len(self.mirror)
+        if held < self.cfg.batch_size:
+            raise JobRejected(f"replay holds {held} states, fewer than a batch of {self.cfg.batch_size}")
+        mirror = self.mirror
+        return lambda n, gen: mirror.sample(n, generator=gen)["obs"]
+
     def sync_mirror(self, device: str = "cpu") -> int:
         """Append the replay entries stored since the last job (incremental, obs only)."""
         from aesrl_queue.td3 import ReplayBuffer
@@ -110,13 +293,8 @@ class _RunContext:
                 self.mirror.add_batch(ep["obs"])
                 added += len(ep["obs"])
 
-    def torch_spec(self):
-        """The spec with the torch builders (RL jobs only: ES-only workers never import torch)."""
-        from aesrl_queue.nets import NetSpec
-
-        return NetSpec.from_config(self.spec)
-
     def load_critic(self, device: str):
+        """The published critic (the one the primary named, through a replica), rebuilt when its version moved."""
         version = self.store.critic_version() if self.reader is None else self.critic_named
         if version <= 0:
             raise JobRejected("no critic has been published yet; RL jobs need one")
@@ -129,55 +307,20 @@ class _RunContext:
             if got is None:
                 raise JobRejected("critic weights are missing")
             version, weights = got
-            from aesrl_queue.learners import learner_class
-
-            critic = learner_class(self.cfg.learner).critic_for_actor(self.torch_spec(), weights, device)
-            self.critic, self.critic_version = critic, version
+            self.critic, self.critic_version = critic_module(self.cfg, weights, device), version
         return self.critic
 
+    def finish(self, job: str, base: dict[str, Any], out: Outcome, t0: float) -> None:
+        """Store the job's episodes and append its result, in one atomic step. A run that keeps a
+        replay stores μ's episodes as their own entry after the individual's, and counts them as
+        stored steps; a run without one stores nothing and counts μ's steps as interactions only."""
+        cfg, store = self.cfg, self.store
+        ind_key = "" if out.z is None else store.put_individual(job, out.z, ttl=max(600, cfg.job_timeout))
+        fields = dict(base, status="ok", **out.result, ind=ind_key, duration=time.monotonic() - t0)
+        more = [(f"{job}:mu", out.mean_transitions)] if self.keeps_replay and out.mean_transitions is not None else []
+        store.finish_job(out.transitions, job, fields, extra_interactions=0 if self.keeps_replay else out.eval_steps,
+                         keep=self.keeps_replay, more=more)
 
-    def train(self, z: np.ndarray, seed: int, steps: int) -> np.ndarray:
-        """An RL job's individual: z after `steps` actor steps against the run's critic, on states
-        of the replay. Seeded by the job seed alone, so a job evaluated again trains the same actor."""
-        import torch
-
-        from aesrl_queue.learners import learner_class
-        from aesrl_queue.td3 import train_actor
-
-        device = _device()
-        critic = self.load_critic(device)
-        self.sync_mirror(device)
-        if self.mirror is None or len(self.mirror) < self.cfg.batch_size:
-            raise JobRejected(f"replay holds {0 if self.mirror is None else len(self.mirror)} states, "
-                              f"fewer than a batch of {self.cfg.batch_size}")
-        gen = torch.Generator().manual_seed(seed % (2**63))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed % (2**31))
-            z = train_actor(z, self.torch_spec(), critic, lambda n: self.mirror.sample(n, generator=gen)["obs"],
-                            steps=max(1, steps), batch_size=self.cfg.batch_size, lr=self.cfg.actor_lr,
-                            device=device, betas=learner_class(self.cfg.learner).betas)
-        if not np.all(np.isfinite(z)):
-            raise JobRejected("RL training produced non-finite parameters")
-        return z
-
-    def evaluate_mean(self, kind: str, version: int, mu: np.ndarray, seed: int) -> tuple[float, int, int]:
-        """(f(μ), the version of that μ, its steps) for the scheduler's update rule.
-
-        Paired (the default): the μ the individual was drawn from, already in memory, first from the
-        individual's own start state, so that f(z) − f(μ) measures the policy and not the start.
-        Unpaired (the paper): an ES job evaluates the μ it read at its start, an RL job, which trained
-        for seconds meanwhile, the mean as it is now, from other start states."""
-        from aesrl_queue.rollout import run_episodes
-
-        cfg = self.cfg
-        got = (version, mu) if kind == "es" or cfg.mean_eval_paired else self.read_current_mu()
-        if not got or got[1] is None:
-            return float("nan"), -1, 0
-        self.actor.set_params(got[1])
-        eval_seed = seed if cfg.mean_eval_paired else seed + 1
-        ev = run_episodes(cfg.env_id, self.actor, k=cfg.mean_eval_episodes, seed=eval_seed % (2**31),
-                          store=False, env_kwargs=cfg.env_kwargs)
-        return float(np.mean(ev.returns)), int(got[0]), int(sum(ev.lengths))
 
 _CONTEXTS: dict[tuple[int, str], _RunContext] = {}
 
@@ -226,26 +369,15 @@ def evaluate(
     spec_hash: str,
     rl_steps: int = 0,
     random_actions: bool = False,
+    client: redis.Redis | None = None,
 ) -> dict[str, Any]:
-    """Evaluate one individual of `run` and append its result to the run's results stream."""
-    client = _connection()
-    return run_job(client, run, job, kind, version, seed, spec_hash, rl_steps, random_actions)
-
-
-def run_job(
-    client: redis.Redis,
-    run: str,
-    job: str,
-    kind: str,
-    version: int,
-    seed: int,
-    spec_hash: str,
-    rl_steps: int = 0,
-    random_actions: bool = False,
-) -> dict[str, Any]:
+    """Evaluate one individual of `run` and append its result to the run's results stream (RQ's entry
+    point; `client` is RQ's connection unless given). A job that fails is reported as a failed result
+    and raises, so that RQ records it failed too."""
     t0 = time.monotonic()
     base = {"job": job, "kind": kind, "version": int(version), "seed": int(seed), "worker": WORKER_NAME,
             "spec_hash": spec_hash}
+    client = client or _connection()
     store = None
     try:
         if kind not in ("es", "rl"):
@@ -257,7 +389,14 @@ def run_job(
                 f"spec_hash {spec_hash} of the job does not match run {run}'s {ctx.cfg.spec_hash}: "
                 "the worker and the scheduler disagree on environment or network shape"
             )
-        return _evaluate(ctx, base, kind, int(seed), int(rl_steps), bool(random_actions), t0)
+        inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions))
+        if inp is None:
+            log.info("job %s is no longer in flight (replaced or run over); skipped", job)
+            return {"job": job, "skipped": True}
+        base["version"] = inp.version
+        out = play(inp, ctx.actor)
+        ctx.finish(job, base, out, t0)
+        return {"job": job, "fitness": out.fitness, "len": out.length, "f_mu": out.f_mu, **out.extra}
     except Exception as exc:
         log.warning("job %s of run %s failed: %s", job, run, exc)
         if store is None:
@@ -272,46 +411,3 @@ def run_job(
             fields["error"] += "\n" + traceback.format_exc(limit=5)[-1500:]
         store.append_result(fields)
         raise
-
-
-def _evaluate(ctx: _RunContext, base: dict, kind: str, seed: int, rl_steps: int, random_actions: bool,
-              t0: float) -> dict[str, Any]:
-    """Rebuild the individual, train it (RL), run its episode, estimate f(μ), store and report."""
-    from aesrl_queue.rollout import run_episodes
-
-    cfg, store, job = ctx.cfg, ctx.store, base["job"]
-    info = codec.pack({"worker": WORKER_NAME, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
-    started = ctx.begin(job, info)
-    if started is None:
-        log.info("job %s is no longer in flight (replaced or run over); skipped", job)
-        return {"job": job, "skipped": True}
-    version, mu, var = started
-    base["version"] = version
-    # es_antithetic: the job also evaluates μ − σ·ε from the same start state and stores both
-    # episodes; their mean return estimates f(μ) (the first-order terms cancel), so no episode is
-    # spent on μ alone
-    antithetic = kind == "es" and cfg.es_antithetic and not random_actions
-    individual = noise.rebuild(mu, seed, var=var, antithetic=antithetic)
-    z, ind_key, extra = individual.z, "", {}
-    if kind == "rl":
-        z = ctx.train(z, seed, rl_steps)
-        ind_key = store.put_individual(job, z, ttl=max(600, cfg.job_timeout))
-        extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - mu))
-    start_state = seed % (2**31)
-    ctx.actor.set_params(z)
-    ep = run_episodes(cfg.env_id, None if random_actions else ctx.actor, k=1, seed=start_state,
-                      random_actions=random_actions, store=True, env_kwargs=cfg.env_kwargs)
-    fitness, length, transitions = float(ep.returns[0]), int(ep.lengths[0]), ep.transitions
-    mirror = {}
-    if antithetic:
-        ctx.actor.set_params(individual.mirror)
-        ep2 = run_episodes(cfg.env_id, ctx.actor, k=1, seed=start_state, store=True, env_kwargs=cfg.env_kwargs)
-        mirror = {"mirror_fitness": float(ep2.returns[0]), "mirror_len": int(ep2.lengths[0])}
-        transitions = {k: np.concatenate([v, ep2.transitions[k]]) for k, v in transitions.items()}
-        f_mu, f_mu_version, eval_steps = 0.5 * (fitness + mirror["mirror_fitness"]), version, 0
-    else:
-        f_mu, f_mu_version, eval_steps = ctx.evaluate_mean(kind, version, mu, seed)
-    fields = dict(base, status="ok", fitness=fitness, len=length, f_mu=f_mu, f_mu_version=f_mu_version,
-                  ind=ind_key, eval_steps=eval_steps, duration=time.monotonic() - t0, **mirror, **extra)
-    store.finish_job(transitions, job, fields, extra_interactions=eval_steps, keep=ctx.keeps_replay)
-    return {"job": job, "fitness": fitness, "len": length, "f_mu": f_mu, **mirror}
