@@ -100,11 +100,13 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     # Still behind but moving: held, even past critic_wait counted from the first hold.
     assert opt.ask(2, steps=1000, inflight=0, critic_version=2, critic_steps=450, now=1.0 + cfg.critic_wait) == []
     # Within critic_lag again: dispatched, and no longer waiting; one job, or as many as the room left
-    # holds (critic at 500 of 1 000 stored: no room, one job; at 600: 100 steps, two 50-step episodes).
+    # holds (critic at 500 of 1 000 stored: no room, one job; at 700: 200 steps, two jobs that each store
+    # a 50-step episode of the individual and one of μ).
     assert len(opt.ask(2, steps=1000, inflight=0, critic_version=3, critic_steps=500, now=2.0 + cfg.critic_wait)) == 1
     assert not opt.waiting
-    assert len(opt.ask(9, steps=1000, inflight=0, critic_version=3, critic_steps=600, now=2.0 + cfg.critic_wait)) == 2
-    assert len(opt.ask(9, steps=1000, inflight=0, critic_version=3, critic_steps=1000, now=2.0 + cfg.critic_wait)) == 9
+    assert len(opt.ask(9, steps=1000, inflight=0, critic_version=3, critic_steps=700, now=2.0 + cfg.critic_wait)) == 2
+    # the critic caught up: room for critic_lag = 500 steps, five such jobs
+    assert len(opt.ask(9, steps=1000, inflight=0, critic_version=3, critic_steps=1000, now=2.0 + cfg.critic_wait)) == 5
     # A critic that stops training holds the run for critic_wait seconds only.
     t = 10.0 + cfg.critic_wait
     assert opt.ask(1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t) == []

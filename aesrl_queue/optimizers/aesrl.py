@@ -94,6 +94,11 @@ class AesrlOptimizer(OwnsDistribution):
         self.best = -math.inf  # best f(z) so far (random-action episodes included)
         self.best_kept = -math.inf  # best f(z) of a non-random individual (the one kept for export)
         self.recent_lens: deque[int] = deque(maxlen=RL_STEPS_WINDOW)
+        # the episodes one job stores: an antithetic pair; else the individual's and, in a run that keeps
+        # a replay (its critic reads μ's episodes too), its f(μ) episodes
+        spec = algorithm(cfg.algo)
+        keeps_replay = spec.learner and (spec.rl_share is not None or self.rl)
+        self.episodes_per_job = 2 if cfg.es_antithetic else 1 + (cfg.mean_eval_episodes if keeps_replay else 0)
         self.told = 0  # results passed to the distribution
         self.last_p: dict[str, float] = {}
         self._sigma: tuple[int, float, float, float] | None = None  # (version, mean, min, max) of sqrt(var)
@@ -140,10 +145,10 @@ class AesrlOptimizer(OwnsDistribution):
         if n <= 0:
             return []
         # Do not start jobs whose episodes would certainly overshoot the budget. Before any episode
-        # is known, assume full-length ones; an antithetic ES job stores two episodes.
+        # is known, assume full-length ones.
         mean_len = ((sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens
                     else max(1, cfg.max_episode_steps))
-        job_steps = mean_len * (2 if cfg.es_antithetic else 1)
+        job_steps = mean_len * self.episodes_per_job
         if steps + inflight * job_steps >= cfg.total_steps:
             return []
         n = min(n, math.ceil((cfg.total_steps - steps) / job_steps - inflight))
