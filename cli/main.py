@@ -783,7 +783,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
 def calibrate(env_id, config_file, out_file, **kw) -> None:
     """Measure a virtual run's cost model on this machine for a run's config (its environment, network
     and learner): seconds per environment step and per RL actor step, learner steps per second, and the
-    round trips of a result and of a μ version. Takes about a minute; `run --virtual-workers N
+    round trips of a result and of a μ version. Takes under a minute; `run --virtual-workers N
     --cost-model FILE` uses the file."""
     from aesrl_queue.cost_model import FIELDS
     from aesrl_queue.cost_model import calibrate as measure

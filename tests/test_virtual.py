@@ -44,9 +44,15 @@ def first_run(tmp_path_factory):
 
 
 def test_the_same_seed_and_cost_model_give_identical_metrics(first_run, tmp_path):
-    again = VirtualRun(_config(), 3, CostModel(), out_dir=tmp_path)
-    again.run()
-    a, b = (r.run_dir / "metrics.jsonl" for r in (first_run, again))
+    import aesrl_queue
+
+    cfg = _config()  # again, through the Python API
+    fields = ("run_id", "hidden", "critic_hidden", "env_kwargs", "initial_steps", "batch_size", "critic_chunk",
+              "rl_steps_max", "mean_eval_episodes")
+    again = aesrl_queue.train("AesrlNull-v0", algo="aesrl", steps=cfg.total_steps, seed=cfg.seed, out=tmp_path,
+                              virtual_workers=3, cost_model=CostModel().to_dict(),
+                              **{name: getattr(cfg, name) for name in fields})
+    a, b = first_run.run_dir / "metrics.jsonl", again.folder / "metrics.jsonl"
     assert a.read_bytes() == b.read_bytes()
     records = read_metrics(a)
     kinds = {(r["type"], r.get("kind")) for r in records}
