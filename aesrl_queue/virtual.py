@@ -267,6 +267,8 @@ class VirtualRun:
         self.run_dir = Path(run_dir) if run_dir is not None else Path(out_dir) / cfg.run_id
         self.say = say
         self.progress_every = progress_every  # wall seconds between progress lines (printing only)
+        # N workers, each with queued_per_worker jobs waiting for it, as the real dispatcher keeps
+        self._slots = workers * (1 + cfg.queued_per_worker)
         self.now = 0.0
         self.metrics: VirtualMetrics | None = None
         self.summary: dict[str, Any] | None = None
@@ -331,8 +333,6 @@ class VirtualRun:
         store = Store(client, cfg.run_id)
         if not store.write_config(cfg):
             raise VirtualRunError(f"run {cfg.run_id} already exists in the virtual run's Redis")
-        # N workers, each with queued_per_worker jobs waiting for it, as the real dispatcher keeps
-        self._slots = self.workers * (1 + cfg.queued_per_worker)
         sched = VirtualScheduler(client, cfg, self._clock, self._slots)
         sched.setup()
         self.metrics = metrics = VirtualMetrics(client, cfg.run_id, self.run_dir / "metrics.jsonl")
