@@ -3,13 +3,15 @@ a result's trip and a critic chunk take. A JSON file holds one; `aesrl-queue cal
 this machine for a run's config and writes it.
 
     {"env_step_s": 5e-05, "actor_step_s": 0.002, "learner_steps_per_s": 1000.0,
-     "result_latency_s": 0.002, "publish_latency_s": 0.005, "job_overhead_s": 0.005}
+     "result_latency_s": 0.002, "publish_latency_s": 0.005, "job_overhead_s": 0.005, "tell_s": 0.00065}
 
 A job takes job_overhead_s + env_step_s × (environment steps it played: its episode or antithetic
 pair and its f(μ) episodes) + actor_step_s × (its RL actor steps). Its result reaches the scheduler
 result_latency_s after the job ends. A commit's new μ version and the jobs it dispatches reach the
 workers publish_latency_s after the commit; the critic spends critic_chunk / learner_steps_per_s on a
-chunk and publish_latency_s on publishing its weights, one after the other, as the daemon does.
+chunk and publish_latency_s on publishing its weights, one after the other, as the daemon does. The
+scheduler is one server: it spends tell_s on each result, and a result that arrives while it is busy
+waits its turn, which bounds a run's results per second by 1 / tell_s.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ FIELDS = {
     "result_latency_s": "seconds from a job's end until the scheduler reads its result",
     "publish_latency_s": "seconds from a publication (μ version and its jobs, critic weights) until workers see it",
     "job_overhead_s": "seconds a job spends besides its steps (start, reads, the result's write)",
+    "tell_s": "seconds of the scheduler's loop per result (its tell and its share of the commits)",
 }
 
 
@@ -48,6 +51,8 @@ class CostModel:
     result_latency_s: float = 2e-3
     publish_latency_s: float = 5e-3
     job_overhead_s: float = 5e-3
+    # the loop thread's 0.45-0.66 ms per ES result at 1,000 results/s (docs/scaling.md): ~1,550 results/s
+    tell_s: float = 6.5e-4
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -213,11 +218,12 @@ def calibrate(cfg, env_steps: int = 3000, actor_steps: int = 60, learner_steps: 
         torch.set_num_threads(threads)
     model = CostModel(env_step_s=env_step_s, actor_step_s=actor_step_s, learner_steps_per_s=learner_rate,
                       result_latency_s=result_latency, publish_latency_s=publish_latency,
-                      job_overhead_s=2 * result_latency + publish_latency)
+                      job_overhead_s=2 * result_latency + publish_latency, tell_s=CostModel.tell_s)
     notes = {"env_id": cfg.env_id, "learner": cfg.learner, "hidden": list(cfg.hidden),
              "critic_hidden": list(cfg.critic_hidden), "batch_size": cfg.batch_size, "learner_device": str(device),
              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "host": os.uname().nodename,
              "env_steps": played, "actor_steps": actor_steps, "learner_steps": learner_steps,
              "mu_bytes": blob, "how": "latencies are loopback round trips to an embedded Redis; "
-                                       "job_overhead_s is two result trips and one μ read"}
+                                       "job_overhead_s is two result trips and one μ read; tell_s is not "
+                                       "measured: docs/scaling.md's loop thread at 1,000 results/s"}
     return model, notes

@@ -18,6 +18,7 @@ things happen: a heap of virtual times instead of RQ workers and the wall clock.
   long, with the replay as of the chunk's start, never more steps than are stored (as the daemon).
 - The scheduler's clock is the virtual one: publish pacing (PUBLISH_HZ), the critic wait and its
   polls (every 50 ms while it waits for something, 500 ms while slots are free) run in virtual time.
+  It tells one result at a time, tell_s each; a result that arrives meanwhile waits its turn.
 
 The run folder is an ordinary one (config.json, metrics.jsonl, policy.npz, summary.json) plus
 virtual.json: workers, cost model, virtual and wall seconds. In metrics.jsonl `t` and `elapsed` are
@@ -349,6 +350,7 @@ class VirtualRun:
         commits: set[float] = set()  # times of the commit events in the heap
         poll_at: list[float | None] = [None]  # the poll event in the heap (one at a time)
         draining = False
+        busy_until = 0.0  # the scheduler tells one result at a time, tell_s each
         failures = 0
         said = time.monotonic()
 
@@ -393,7 +395,10 @@ class VirtualRun:
             elif kind == "free":
                 heapq.heappush(free, payload)
                 start_jobs()
+            elif kind == "result" and busy_until > t:
+                self._push(busy_until, "result", payload)  # the scheduler is telling another result
             elif kind == "result":
+                busy_until = t + cost.tell_s
                 held, slot, seconds = payload
                 held.report(f"virtual-{slot}", seconds)
                 failures = failures + 1 if held.failed else 0

@@ -128,6 +128,17 @@ def test_the_run_folder_is_an_ordinary_one(tmp_path):
     assert resume.exit_code == 2 and "virtual run" in resume.output
 
 
+def test_the_scheduler_tells_one_result_at_a_time(tmp_path):
+    # 8 workers whose jobs take 10 ms against a scheduler that spends 0.25 s on each result: the results
+    # wait their turn, and the run goes at the scheduler's pace (4 a second), not the workers'
+    cost = CostModel(env_step_s=1e-4, job_overhead_s=0.0, result_latency_s=0.0, publish_latency_s=0.0, tell_s=0.25)
+    run = VirtualRun(_config(algo="es", run_id="virtual-tell", total_steps=400), 8, cost, out_dir=tmp_path)
+    run.run()
+    times = [u["t"] for u in _updates(run.run_dir)]
+    assert len(times) >= 10
+    assert all(b - a >= 0.25 - 1e-9 for a, b in zip(times, times[1:], strict=False))
+
+
 def test_cost_model_files_and_bad_fields(tmp_path):
     model = CostModel(env_step_s=1e-4, actor_step_s=1e-3, job_overhead_s=0.5)
     assert model.job_seconds(100, 10) == pytest.approx(0.5 + 1e-2 + 1e-2)
