@@ -378,8 +378,9 @@ class VirtualRun:
                 # free slots: the loop looks again after its read's timeout, as the real one does
                 poll_at[0] = self.now + (POLL_WAITING_S if sched.opt.waiting else POLL_S)
                 self._push(poll_at[0], "poll")
-            if not self._heap:
-                break
+            if not self._heap:  # a loop with free slots always has a poll ahead: only a drained run ends here
+                raise VirtualRunError(f"nothing left to happen at virtual {self.now:.3f} s with "
+                                      f"{len(sched.dispatch.inflight)} jobs in flight")
             t, _, _, kind, payload = heapq.heappop(self._heap)
             self.now = t
             self.events += 1
