@@ -16,8 +16,8 @@ things happen: a heap of virtual times instead of RQ workers and the wall clock.
   events were made, which the same seed and cost model reproduce.
 - The critic trains chunk after chunk, each critic_chunk / learner_steps_per_s + publish_latency_s
   long, with the replay as of the chunk's start, never more steps than are stored (as the daemon).
-- The scheduler's clock is the virtual one: publish pacing (PUBLISH_HZ), the critic wait and its
-  polls (every 50 ms while it waits for something, 500 ms while slots are free) run in virtual time.
+- The scheduler's clock is the virtual one: the pace of publications (PUBLISH_HZ; jobs refilled in
+  between draw on the last published version), the critic wait and its polls (every 50 ms while it waits for something, 500 ms while slots are free) run in virtual time.
   It tells one result at a time, tell_s each; a result that arrives meanwhile waits its turn.
 
 The run folder is an ordinary one (config.json, metrics.jsonl, policy.npz, summary.json) plus
@@ -347,7 +347,7 @@ class VirtualRun:
         self._seq = itertools.count()
         free = list(range(self.workers))  # idle virtual workers (lowest first)
         queues: dict[str, deque] = {"rl": deque(), "es": deque()}
-        commits: set[float] = set()  # times of the commit events in the heap
+        commits: set[float] = set()  # times of the publication wake-ups in the heap
         poll_at: list[float | None] = [None]  # the poll event in the heap (one at a time)
         draining = False
         busy_until = 0.0  # the scheduler tells one result at a time, tell_s each
@@ -371,9 +371,10 @@ class VirtualRun:
         sched.apply([], refill=True)  # the first jobs
         dispatched()
         while True:
-            if sched.pending.results and sched._next_commit() not in commits:
-                commits.add(sched._next_commit())
-                self._push(sched._next_commit(), "commit")
+            if sched.opt.version != sched.published and sched._next_publish() not in commits:
+                # a new version waits for its publication slot: the loop wakes then, as the real one does
+                commits.add(sched._next_publish())
+                self._push(sched._next_publish(), "commit")
             if poll_at[0] is None and not draining and len(sched.dispatch.inflight) < self._slots:
                 # free slots: the loop looks again after its read's timeout, as the real one does
                 poll_at[0] = self.now + (POLL_WAITING_S if sched.opt.waiting else POLL_S)
