@@ -1,7 +1,7 @@
 """The deterministic virtual executor: a run of N workers in one process, in virtual time.
 
 `aesrl-queue run --virtual-workers N` and `train(..., virtual_workers=N)` run the real scheduler loop
-(scheduler/loop.py, with its optimizer), the real job function (workers.jobs, through `run_held_job`
+(scheduler/loop.py, with its optimizer), the real job function (workers.jobs.evaluate, through `run_held_job`
 below) and the real critic daemon's learner (workers/critic.py) against an embedded Redis, so every
 Store, job and learner code path is the one a real run takes. What differs is only who decides when
 things happen: a heap of virtual times instead of RQ workers and the wall clock.
@@ -87,32 +87,33 @@ class HeldJob:
 
 
 def run_held_job(client, kwargs: dict[str, Any]) -> HeldJob:
-    """Run one job now through the job function's public entry (workers.jobs.run_job, with the
-    arguments the scheduler gave it) and hold its report: the one call that ends a job, Store.finish_job
-    (Store.append_result for a failed job), is recorded instead of made. `report(worker, duration)`
-    makes it later, with the virtual worker's name and duration in the result; it returns the result's
-    entry id. An RL job's trained individual (ind:{job}, with a wall-clock TTL) is written again then.
+    """Run one job now through the job function's public entry (workers.jobs.evaluate, with the
+    arguments the scheduler gave it and this client) and hold its report: the one call that ends a job,
+    Store.finish_job (Store.append_result for a failed job), is recorded instead of made.
+    `report(worker, duration)` makes it later, with the virtual worker's name and duration in the
+    result; it returns the result's entry id. An RL job's trained individual (ind:{job}, with a
+    wall-clock TTL) is written again then.
 
-    The one place that knows how the job function is called: the single-function job of the structure
-    work takes explicit inputs and returns its outputs, and this adapter then calls it and keeps them."""
+    The one place that knows how the job is called. workers.jobs.play (the job as a function of
+    explicit inputs, returning an Outcome) lets this hold the Outcome instead of a Store call, once
+    the writing of an Outcome takes the duration as an argument rather than timing it itself."""
     from workers import jobs
 
     calls: list[tuple[Callable, tuple, dict]] = []
     real_finish, real_append = Store.finish_job, Store.append_result
 
-    def hold_finish(store, transitions, job, result, extra_interactions=0, keep=True):
-        calls.append((real_finish, (store, transitions, job, dict(result)),
-                      {"extra_interactions": extra_interactions, "keep": keep}))
+    def hold_finish(store, transitions, job, result, **kw):
+        calls.append((real_finish, (store, transitions, job, dict(result)), kw))
         return ""
 
-    def hold_append(store, fields, extra_interactions=0):
-        calls.append((real_append, (store, dict(fields)), {"extra_interactions": extra_interactions}))
+    def hold_append(store, fields, **kw):
+        calls.append((real_append, (store, dict(fields)), kw))
         return ""
 
     held = HeldJob(job=kwargs["job"], kind=kwargs["kind"], rl_steps=int(kwargs.get("rl_steps", 0)))
     Store.finish_job, Store.append_result = hold_finish, hold_append
     try:
-        jobs.run_job(client, **kwargs)
+        jobs.evaluate(**kwargs, client=client)
     except Exception as exc:  # noqa: BLE001 - the job reported its failure (held); the run tells it
         held.failed = f"{type(exc).__name__}: {exc}"
     finally:
@@ -122,8 +123,9 @@ def run_held_job(client, kwargs: dict[str, Any]) -> HeldJob:
                               f"{held.failed or 'it was no longer in flight'}")
     fn, args, kw = calls[0]
     store, result = args[0], args[-1]
-    if fn is real_finish:
-        held.env_steps = int(args[1]["rew"].shape[0]) + int(kw["extra_interactions"])
+    if fn is real_finish:  # every step it played: its episodes, μ's (stored as `more`, or only counted)
+        episodes = [args[1], *(tr for _, tr in kw.get("more", ()))]
+        held.env_steps = sum(int(tr["rew"].shape[0]) for tr in episodes) + int(kw.get("extra_interactions", 0))
     individual = None
     if result.get("ind"):
         individual = store.get_individual(result["ind"])
