@@ -219,7 +219,7 @@ def _say(message: str) -> None:
 
 def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int = 2, seed: int = 0,
           redis_url: str | None = None, out: str | os.PathLike = "runs", progress: bool = True,
-          **config: Any) -> Run:
+          virtual_workers: int | None = None, cost_model: Any = None, **config: Any) -> Run:
     """Run `algo` on `env` on this machine until `steps` stored steps, as `aesrl-queue run` does, and
     return the Run. Blocks; Ctrl-C (KeyboardInterrupt) stops it cleanly, writes the run folder and
     raises KeyboardInterrupt again: `load(folder).resume()` continues it.
@@ -230,6 +230,8 @@ def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int 
     Redis to use instead of an embedded one. out: the folder of run folders. progress: a tqdm bar.
     config: any RunConfig field (`aesrl-queue config show` lists them), e.g. rl_ratio=0.3,
     hidden=(64, 64), run_id="pend-s1"; a bad one raises ConfigError naming the field.
+    virtual_workers: run that many workers in virtual time in this process instead (aesrl_queue/virtual.py),
+    under cost_model (a CostModel, a dict, a JSON file, or None for nominal durations).
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError("workers", f"must be a positive integer, got {workers!r}")
@@ -248,6 +250,12 @@ def train(env: str, algo: str = "aesrl", steps: int | None = None, workers: int 
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("run_id", f"{run_dir} already exists: load({str(run_dir)!r}).resume() continues it, "
                                     "or pass another run_id")
+    if virtual_workers is not None:
+        from aesrl_queue.cost_model import resolve
+        from aesrl_queue.virtual import VirtualRun
+
+        VirtualRun(cfg, virtual_workers, resolve(cost_model), out_dir=out, say=_say).run()
+        return Run(run_dir)
     _hand_over(registrations)
     if any(not reg["entry_point"].startswith("gymnasium.envs.") for reg in registrations.values()):
         # the caller's own environment: Run.resume in a new process registers it again from here
@@ -384,6 +392,9 @@ class Run:
         stored steps (default: its budget); returns it. Blocks, and stops on Ctrl-C, as train does."""
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
             raise ConfigError("total_steps", f"must be a positive integer, got {steps!r}")
+        if (self.folder / "virtual.json").is_file():
+            raise ConfigError("folder", f"{self.folder} is a virtual run, which keeps no Redis data: train it again "
+                                        "with a larger budget (the same seed and cost model give the same run)")
         if redis_url is None and not (self.folder / "redis").is_dir():
             raise ConfigError("folder", f"{self.folder} has no Redis data (redis/): pass the redis_url that holds it")
         self._hand_over_envs()

@@ -303,3 +303,31 @@ def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: Metric
         if not echo(line):  # stdout closed (`| head -2`): say once, on stderr, where the results are
             echo(f"stdout closed; the run folder is {run_dir}", err=True)
             return
+
+
+def launch_virtual(cfg: RunConfig, workers: int, cost_model: str | None, out_dir: str) -> int:
+    """`run --virtual-workers N`: the run in virtual time in this process (aesrl_queue/virtual.py); the exit code."""
+    from aesrl_queue.cost_model import CostModelError, resolve
+    from aesrl_queue.virtual import VirtualRun, VirtualRunError
+
+    try:
+        cost = resolve(cost_model)
+    except CostModelError as exc:
+        echo(f"error: cost_model: {exc}", err=True)
+        return 2
+    run = VirtualRun(cfg, workers, cost, out_dir=out_dir, say=lambda message: echo(message, err=True))
+    echo(f"run {cfg.run_id}: {cfg.algo} on {cfg.env_id}, {workers} virtual workers, budget {cfg.total_steps:,} "
+         f"steps; cost model {cost_model or 'nominal'}", err=True)
+    code, outcome = 0, ""
+    try:
+        run.run()
+    except KeyboardInterrupt:
+        code, outcome = 130, "interrupted"
+    except VirtualRunError as exc:
+        code, outcome = 1, f"stopped: {exc}"
+    if run.summary is not None and "steps" in run.summary:
+        _print_summary(cfg, run.summary, run.run_dir, run.metrics, outcome)
+        v = run.summary["virtual"]
+        echo(f"  virtual          {workers} workers, {v['virtual_s']:,.1f} s of virtual time in {v['wall_s']:,.1f} s "
+             f"({run.run_dir / 'virtual.json'})")
+    return code

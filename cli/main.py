@@ -659,8 +659,15 @@ def config_show(env_id, algo, config_file) -> None:
 @click.option("--wandb-project", default=None,
               help="Also log the metrics to this Weights & Biases project (needs the wandb extra; "
                    "WANDB_MODE=offline works without a network).")
+@click.option("--virtual-workers", type=int, default=None, metavar="N",
+              help="Run N workers in virtual time in this one process, deterministically (aesrl_queue/virtual.py): "
+                   "the same seed and cost model give the same metrics.jsonl.")
+@click.option("--cost-model", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --virtual-workers: the cost model's JSON file (`aesrl-queue calibrate` writes one); "
+                   "default: nominal durations.")
 def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, snapshot_every, no_critic,
-            tensorboard_dir=None, wandb_project=None, snapshot_steps="", snapshot_interactions="", **kw) -> None:
+            tensorboard_dir=None, wandb_project=None, snapshot_steps="", snapshot_interactions="",
+            virtual_workers=None, cost_model=None, **kw) -> None:
     """Everything on one machine: embedded Redis, scheduler, critic daemon and N workers.
 
     Shows progress, and at the end (or on Ctrl-C) stops every child and writes a run folder with
@@ -707,12 +714,24 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
             fail(f"{name}: every milestone must be positive")
     if resume and force:
         fail("force: --resume continues a run, --force deletes one; pass one of them")
+    if virtual_workers is not None:
+        clash = [name for name, value in (("--redis-url", redis_url), ("--resume", resume), ("--workers", n_workers),
+                                          ("--no-critic", no_critic), ("--tensorboard", tensorboard_dir),
+                                          ("--wandb-project", wandb_project), ("--snapshot-steps", snapshot_steps),
+                                          ("--snapshot-interactions", snapshot_interactions)) if value]
+        if clash:
+            fail(f"virtual_workers: a virtual run is one process on its own embedded Redis; drop {', '.join(clash)}")
+    elif cost_model:
+        fail("cost_model: only a virtual run has one; add --virtual-workers N")
     # before any folder is made; $AESRL_REDIS_URL plays no part in a local run, so the hint leaves it out
     client = _connect(redis_url, hint="check --redis-url, or leave it out for an embedded Redis") if redis_url else None
     _check_extras(tensorboard_dir, wandb_project)
     _check_rq()
     if resume:
         run_dir = Path(resume) if Path(resume).is_dir() else Path(out_dir) / resume
+        if (run_dir / "virtual.json").is_file():
+            fail(f"resume: {run_dir} is a virtual run, which keeps no Redis data: run it again with a larger "
+                 "--steps (the same seed and cost model give the same run)")
         if redis_url is None and not (run_dir / "redis").is_dir():
             fail(f"resume: {run_dir} is not a run folder with its Redis data (redis/); "
                  "`aesrl-queue run` writes one, `run --redis-url` keeps the run in that Redis instead")
@@ -747,10 +766,34 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
         if in_redis:
             keys = Store(client, cfg.run_id).delete()
             click.echo(f"--force: deleted run {cfg.run_id} from {redact(redis_url)} ({keys} keys)", err=True)
+    if virtual_workers is not None:
+        from cli.launch import launch_virtual
+
+        sys.exit(launch_virtual(cfg, virtual_workers, cost_model, out_dir))
     code = launch(cfg, n_workers=n, redis_url=redis_url, out_dir=out_dir, start_critic=not no_critic,
                   tensorboard_dir=tensorboard_dir, snapshot_every=snapshot_every * 60.0, wandb_project=wandb_project,
                   **marks)
     sys.exit(code)
+
+
+@cli.command()
+@config_options
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default="cost-model.json",
+              help="The cost-model file to write.")
+def calibrate(env_id, config_file, out_file, **kw) -> None:
+    """Measure a virtual run's cost model on this machine for a run's config (its environment, network
+    and learner): seconds per environment step and per RL actor step, learner steps per second, and the
+    round trips of a result and of a μ version. Takes under a minute; `run --virtual-workers N
+    --cost-model FILE` uses the file."""
+    from aesrl_queue.cost_model import FIELDS
+    from aesrl_queue.cost_model import calibrate as measure
+
+    cfg = build_config(env_id, config_file, **kw)
+    model, notes = measure(cfg)
+    path = model.save(out_file, notes)
+    for name, value in model.to_dict().items():
+        click.echo(f"  {name:20} {value:<12.6g} {FIELDS[name]}")
+    click.echo(f"wrote {path} ({cfg.env_id}, learner {cfg.learner} on {notes['learner_device']})")
 
 
 def _check_rq() -> None:

@@ -83,7 +83,7 @@ class Scheduler:
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: publish after every read, however fast results come
-        self.clock = time.monotonic  # what paces the publications (tests drive it)
+        self.clock = time.monotonic  # paces publications, times the critic wait (tests, virtual.py)
         # Whether free slots are refilled between commits. Only where ask and tell change disjoint parts
         # of the optimizer's state (the asynchronous optimizer: ask numbers and tags jobs, tell moves the
         # distribution), so that the refill can save the state last committed with what asks changed
@@ -383,7 +383,7 @@ class Scheduler:
         want = self.dispatch.target_inflight() - len(self.dispatch.inflight)
         return self.opt.ask(want, steps=counts["steps"], inflight=len(self.dispatch.inflight),
                             critic_version=counts["critic_version"], critic_steps=counts["critic_steps"],
-                            now=time.monotonic())
+                            now=self.clock())
 
     def _counters(self, max_age: float = 1.0) -> dict[str, int]:
         """Stored steps and the critic's progress: from the results seen, re-read at most every `max_age` s."""

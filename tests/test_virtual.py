@@ -1,0 +1,159 @@
+"""The virtual executor (aesrl_queue/virtual.py): the real scheduler loop, job function and critic daemon
+in virtual time, on a real embedded Redis. Same seed and cost model, same metrics.jsonl; results told in
+the order they complete; an ordinary run folder.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aesrl_queue.config import ConfigError, RunConfig
+from aesrl_queue.cost_model import CostModel, CostModelError
+from aesrl_queue.metrics import read_metrics
+from aesrl_queue.virtual import VIRTUAL_FILE, VirtualRun
+
+EPISODE_LEN = 20
+
+
+def _config(**kw) -> RunConfig:
+    """aesrl on a cheap environment with tiny networks: a random phase, then ES and RL jobs against a
+    critic the virtual learner trains."""
+    settings = dict(algo="aesrl", run_id="virtual-t", seed=4, hidden=(8, 8), critic_hidden=(16, 16),
+                    env_kwargs={"episode_len": EPISODE_LEN}, total_steps=700, initial_steps=160, batch_size=32,
+                    critic_chunk=40, rl_steps_max=30, mean_eval_episodes=1)
+    settings.update(kw)
+    return RunConfig.from_preset("AesrlNull-v0", **settings).resolve()
+
+
+def _updates(folder) -> list[dict]:
+    return [r for r in read_metrics(folder) if r["type"] == "update"]
+
+
+def _job_number(rec: dict) -> int:
+    return int(rec["job"].rsplit("-j", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("virtual-a")
+    run = VirtualRun(_config(), 3, CostModel(), out_dir=out)
+    run.run()
+    return run
+
+
+def test_the_same_seed_and_cost_model_give_identical_metrics(first_run, tmp_path):
+    import aesrl_queue
+
+    cfg = _config()  # again, through the Python API
+    fields = ("run_id", "hidden", "critic_hidden", "env_kwargs", "initial_steps", "batch_size", "critic_chunk",
+              "rl_steps_max", "mean_eval_episodes")
+    again = aesrl_queue.train("AesrlNull-v0", algo="aesrl", steps=cfg.total_steps, seed=cfg.seed, out=tmp_path,
+                              virtual_workers=3, cost_model=CostModel().to_dict(),
+                              **{name: getattr(cfg, name) for name in fields})
+    a, b = first_run.run_dir / "metrics.jsonl", again.folder / "metrics.jsonl"
+    assert a.read_bytes() == b.read_bytes()
+    records = read_metrics(a)
+    kinds = {(r["type"], r.get("kind")) for r in records}
+    # not an empty agreement: the random phase, ES and RL updates, μ evaluations and the critic are there
+    assert {("update", "es"), ("update", "rl"), ("mu_eval", None), ("critic", None)} <= kinds
+    assert first_run.summary["status"] == "finished" and first_run.summary["steps"] >= 700
+    assert {r["worker"] for r in records if r["type"] == "update"} <= {f"virtual-{i}" for i in range(3)}
+
+
+def test_results_are_told_in_completion_order(tmp_path):
+    # RL jobs take 30 actor steps at 0.1 s each (3 s), ES jobs 2·20 environment steps at 1 ms (0.04 s):
+    # an RL job dispatched before ES jobs completes after them
+    cost = CostModel(env_step_s=1e-3, actor_step_s=0.1, learner_steps_per_s=2000.0, result_latency_s=0.01,
+                     publish_latency_s=0.01, job_overhead_s=0.0)
+    run = VirtualRun(_config(run_id="virtual-order"), 4, cost, out_dir=tmp_path)
+    run.run()
+    updates = _updates(run.run_dir)
+    numbers = [_job_number(u) for u in updates]
+    assert numbers != sorted(numbers), "results were told in dispatch order"
+    times = [u["t"] for u in updates]
+    assert times == sorted(times)
+    es = [u for u in updates if u["kind"] == "es" and not u["random"]]
+    rl = [u for u in updates if u["kind"] == "rl"]
+    assert es and rl
+    assert {round(u["duration"], 9) for u in es} == {round(cost.job_seconds(2 * EPISODE_LEN, 0), 9)}
+    assert {round(u["duration"], 9) for u in rl} == {round(cost.job_seconds(2 * EPISODE_LEN, 30), 9)}
+    # RL results overtaken by the ES results of jobs dispatched after them
+    assert any(_job_number(e) > _job_number(u) and e["t"] < u["t"] for u in rl for e in es)
+    assert any(u["lag"] > 0 for u in updates)
+    # the staleness is what the told order makes it: the versions told between the μ an individual was
+    # drawn from (its paired f(μ)'s version) and the one it is told to
+    drawn = {r["job"]: r["mu_version"] for r in read_metrics(run.run_dir) if r["type"] == "mu_eval"}
+    before = [0] + [u["version"] for u in updates[:-1]]
+    assert all(u["lag"] == v - drawn[u["job"]] for u, v in zip(updates, before, strict=True))
+
+
+def test_the_run_folder_is_an_ordinary_one(tmp_path):
+    """`run --virtual-workers` writes a folder that `plot`, `export` and `evaluate` read, that says it is
+    virtual, and that `run --resume` refuses (the commands run in this process: a new interpreter
+    spends ~15 s importing on a busy 2-core machine)."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    config = tmp_path / "config.json"
+    cfg = _config(algo="es", run_id="virtual-cli", total_steps=400)
+    fields = ("algo", "seed", "hidden", "env_kwargs", "total_steps", "mean_eval_episodes", "run_id")
+    config.write_text(json.dumps({name: getattr(cfg, name) for name in fields}))
+    cost = tmp_path / "cost.json"
+    CostModel(env_step_s=1e-4).save(cost)
+    out = tmp_path / "runs"
+    runner = CliRunner()
+
+    got = runner.invoke(cli, ["run", "--env", "AesrlNull-v0", "--config", str(config), "--virtual-workers", "2",
+                              "--cost-model", str(cost), "--out", str(out)])
+    assert got.exit_code == 0, got.output[-3000:]
+    folder = out / "virtual-cli"
+    assert {"config.json", "metrics.jsonl", "policy.npz", "summary.json", VIRTUAL_FILE} <= {
+        p.name for p in folder.iterdir()}
+    assert "redis" not in {p.name for p in folder.iterdir()}  # nothing to resume from
+    facts = json.loads((folder / VIRTUAL_FILE).read_text())
+    assert facts["virtual"] and facts["workers"] == 2 and facts["cost_model"]["env_step_s"] == 1e-4
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["virtual"]["cost_model"] == facts["cost_model"]
+    assert summary["elapsed_s"] == round(facts["virtual_s"], 1)
+
+    plot = runner.invoke(cli, ["plot", str(folder), "--out", str(tmp_path / "curve.png")])
+    assert plot.exit_code == 0, plot.output[-3000:]
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    export = runner.invoke(cli, ["export", str(folder), "--out", str(tmp_path / "policy.npz")])
+    assert export.exit_code == 0, export.output[-3000:]
+    assert (tmp_path / "policy.npz").stat().st_size > 0
+    evaluate = runner.invoke(cli, ["evaluate", str(folder), "--episodes", "2"])
+    assert evaluate.exit_code == 0, evaluate.output[-3000:]
+    resume = runner.invoke(cli, ["run", "--resume", str(folder)])
+    assert resume.exit_code == 2 and "virtual run" in resume.output
+
+
+def test_the_scheduler_tells_one_result_at_a_time(tmp_path):
+    # 8 workers whose jobs take 10 ms against a scheduler that spends 0.25 s on each result: the results
+    # wait their turn, and the run goes at the scheduler's pace (4 a second), not the workers'
+    cost = CostModel(env_step_s=1e-4, job_overhead_s=0.0, result_latency_s=0.0, publish_latency_s=0.0, tell_s=0.25)
+    run = VirtualRun(_config(algo="es", run_id="virtual-tell", total_steps=400), 8, cost, out_dir=tmp_path)
+    run.run()
+    times = [u["t"] for u in _updates(run.run_dir)]
+    assert len(times) >= 10
+    assert all(b - a >= 0.25 - 1e-9 for a, b in zip(times, times[1:], strict=False))
+
+
+def test_cost_model_files_and_bad_fields(tmp_path):
+    model = CostModel(env_step_s=1e-4, actor_step_s=1e-3, job_overhead_s=0.5)
+    assert model.job_seconds(100, 10) == pytest.approx(0.5 + 1e-2 + 1e-2)
+    path = model.save(tmp_path / "cost.json", notes={"host": "here"})
+    assert CostModel.load(path) == model
+    with pytest.raises(CostModelError, match="learner_steps_per_s"):
+        CostModel(learner_steps_per_s=0)
+    with pytest.raises(CostModelError, match="env_step_s"):
+        CostModel.from_dict({"env_step_s": -1})
+
+
+def test_td3_has_no_virtual_workers(tmp_path):
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="td3", run_id="virtual-td3").resolve()
+    with pytest.raises(ConfigError, match="virtual"):
+        VirtualRun(cfg, 2, out_dir=tmp_path)
