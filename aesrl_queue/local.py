@@ -274,7 +274,8 @@ def _why_mu_stayed(cfg: RunConfig, st: dict[str, Any], hist: list) -> str:
     if algorithm(cfg.algo).tells != "result" or int(st.get("version", 0)) > 0 or not hist:
         return ""
     after = [h for _, h in hist if not h.get("random")]
-    random_steps = sum(int(h.get("len", 0) or 0) for _, h in hist if h.get("random"))
+    # the stored steps when the phase's last result was applied (its jobs' μ episodes included)
+    random_steps = max((int(h.get("steps", 0) or 0) for _, h in hist if h.get("random")), default=0)
     steps = f"{random_steps:,} of its {int(st['steps']):,} stored steps"
     if not after:
         return (f"μ did not move (still v0): the whole run was the random-action phase ({steps}; initial_steps "

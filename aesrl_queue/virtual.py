@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aesrl_queue.algorithms import algorithm
 from aesrl_queue.codec import json_default
 from aesrl_queue.config import ConfigError, RunConfig
 from aesrl_queue.connection import connect
@@ -261,7 +262,7 @@ class VirtualRun:
     def __init__(self, cfg: RunConfig, workers: int, cost: CostModel | None = None, out_dir: str | os.PathLike = "runs",
                  run_dir: str | os.PathLike | None = None, say: Callable[[str], Any] = log.info,
                  progress_every: float = 10.0) -> None:
-        if cfg.algo not in QUEUE_ALGOS:
+        if algorithm(cfg.algo).executor != "queue":
             raise ConfigError("algo", f"{cfg.algo} trains in one process without workers; --virtual-workers "
                                       f"applies to {', '.join(QUEUE_ALGOS)}")
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:

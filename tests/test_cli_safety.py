@@ -132,7 +132,7 @@ def test_a_run_too_short_to_move_mu_says_why_and_blames_no_rl_jobs(tmp_path):
              "--hidden", "8,8", "--critic-hidden", "16,16", "--run-id", "short", "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "short" / "summary.json").read_text())
-    assert summary["results_applied"] >= 20 and summary["failed"] == 0, summary
+    assert summary["results_applied"] >= 10 and summary["failed"] == 0, summary
     assert summary["warnings"] == [
         "μ did not move (still v0): the whole run was the random-action phase (1,500 of its 1,500 stored steps; "
         "initial_steps 1,500), whose results do not move μ: give it a budget well above initial_steps"], summary
