@@ -58,11 +58,14 @@ MODES = {
     "full": {"workers": (1, 2, 4, 8, 16, 32), "evals": 160, "per_worker": 30, "mean_s": 0.25,
              "cases": ("varying", "fixed")},
 }
-EPISODE_LEN = 10  # steps per simulated episode: the step budget is evals x EPISODE_LEN
+EPISODE_LEN = 10  # steps per simulated episode
+# the step budget is evals x EPISODE_LEN x 2: every algorithm here keeps a replay, so each job stores
+# its individual's episode and μ's
+STORED_PER_JOB = 2
 
 
 def make_cfg(algo: str, sigma: float, mean_s: float, evals: int, seed: int) -> RunConfig:
-    budget = evals * EPISODE_LEN
+    budget = evals * EPISODE_LEN * STORED_PER_JOB
     return RunConfig.from_preset(
         "AesrlSleep-v0", algo=algo, seed=seed, total_steps=budget, initial_steps=10 * budget,
         hidden=(8, 8), critic_hidden=(16, 16), mean_eval_episodes=1,

@@ -193,7 +193,7 @@ def check_common(out: dict, steps: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["aesrl", "acemrl", "opo"])
 def test_async_algorithms_keep_every_worker_busy_and_update_per_result(cluster, algo) -> None:
-    steps = 3000
+    steps = 6000 if algo == "acemrl" else 3000  # acemrl fills its rank window of 10 first; each job stores two episodes
     # aesrl with a fixed r: this test is about one update per result as results arrive, and the
     # adaptive scale (tests/test_fitness.py) holds μ still for its first gaps and worse individuals.
     fixed_r = ("--r", "200") if algo == "aesrl" else ()
@@ -207,7 +207,10 @@ def test_async_algorithms_keep_every_worker_busy_and_update_per_result(cluster, 
     resumed = next(i for i, s in enumerate(samples) if s["critic"] > 0 and s["inflight"] > 0)
     steady = [s for s in samples[resumed:] if s["status"] == "running" and s["steps"] + 4 * 200 < steps]
     assert steady and max(s["inflight"] for s in steady) >= WORKERS, [(s["inflight"], s["steps"]) for s in steady]
-    assert max(s["inflight"] for s in samples) <= 2 * WORKERS, [s["inflight"] for s in samples]
+    # (in-flight entries also hold a finished job whose result waits for the next paced commit, while its
+    # worker already runs the job refilled in its place: one per worker here, where a job outlasts the
+    # 100 ms between commits)
+    assert max(s["inflight"] for s in samples) <= 3 * WORKERS, [s["inflight"] for s in samples]
     # No worker idles from then on: each one reports results after the first RL result.
     first_rl = next(i for i, r in enumerate(out["results"]) if r["res"].kind == "rl")
     assert len({r["res"].worker for r in out["results"][first_rl + 1:]}) == WORKERS, first_rl

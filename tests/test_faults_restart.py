@@ -19,7 +19,7 @@ RUN = "faults-restart"
 
 
 def test_scheduler_and_critic_killed_and_restarted(tmp_path, redis_url, client, procs):
-    cfg = sleep_config(tmp_path / "run.json", mean_s=0.3, total_steps=2800, initial_steps=300)
+    cfg = sleep_config(tmp_path / "run.json", mean_s=0.3, total_steps=5600, initial_steps=300)
     for i in range(3):
         procs.rq_worker(f"w{i}", redis_url)
     sched = ["scheduler", "start", "--redis-url", redis_url]

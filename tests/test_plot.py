@@ -259,7 +259,7 @@ def test_runs_of_real_processes_with_other_budgets_are_other_curves_and_every_pa
 
     short = run("es-3k", "--algo", "es", "--steps", "3000", "--workers", "1")
     long = run("es-6k", "--algo", "es", "--steps", "6000", "--workers", "1")
-    aesrl = run("aesrl", "--steps", "1600", "--initial-steps", "400", "--critic-hidden", "16,16", "--workers", "2")
+    aesrl = run("aesrl", "--steps", "3200", "--initial-steps", "800", "--critic-hidden", "16,16", "--workers", "2")
     out = plot_runs([short, long], tmp_path / "budgets.png")
     assert sorted(out["groups"].values()) == [["es-3k"], ["es-6k"]], out["groups"]
     assert all("total_steps=" in label for label in out["groups"]), out["groups"]
