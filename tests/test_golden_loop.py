@@ -1,7 +1,7 @@
 """The scheduler loop, pinned at 2 workers: the real Scheduler against a real Redis, fed a fixed
 sequence of made-up results as two workers would deliver them, must publish the same μ/var versions
-as recorded in tests/data/golden_loop.json (never re-recorded: a change here changes what a small
-run does).
+as recorded in tests/data/golden_loop.json (re-recorded only for a change of what a small run does
+that is meant, and its commit says which results changed).
 
 No worker runs: the test takes the jobs the loop dispatched (RL queue first, as `rq worker aesrl-rl
 aesrl-es` does), starts them with the workers' start script, stores a short episode and the result
