@@ -265,7 +265,7 @@ def learner_class(name: str):
 def make_learner(cfg, spec: NetSpec, device: str | torch.device = "cpu", capturable: bool = False,
                  delayed_targets: bool = False):
     """The run's learner (cfg.learner) with its settings."""
-    return learner_class(getattr(cfg, "learner", "td3"))(
+    return learner_class(cfg.learner)(
         spec, lr=cfg.critic_lr, gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
         noise_clip=cfg.noise_clip, device=device, capturable=capturable, delayed_targets=delayed_targets)
 
