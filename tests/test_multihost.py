@@ -29,7 +29,7 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.slow
 
 RUN = "multihost-pendulum"
-STEPS = 4000
+STEPS = 8000  # 20 Pendulum jobs of two 200-step episodes (the individual's and μ's)
 # Redis refuses connections from other hosts without a password (protected mode), as it should.
 PASSWORD = "multihost-secret"
 
