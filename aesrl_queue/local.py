@@ -157,24 +157,28 @@ def needed_interactions(cfg: RunConfig, st: dict[str, Any]) -> int:
 NO_POLICY = "no policy.npz: the run stopped before its scheduler wrote μ"
 
 
-def write_policy(run_dir: Path, store: Store, name: str = "policy.npz") -> Path | None:
+def write_policy(run_dir: Path, store: Store, name: str = "policy.npz",
+                 at: dict[str, Any] | None = None) -> Path | None:
     """policy.npz (or `name` under the run folder): the current μ and var (td3: its actor; and the best
     individual when kept), replaced atomically, so that a crash while writing a snapshot leaves the
     previous one intact. None, and nothing written, for a run stopped in its first seconds, before
-    its scheduler wrote the first μ."""
+    its scheduler wrote the first μ. `at` (a history entry) names an earlier version and its counters
+    instead of the current ones."""
     cfg = store.config()
-    version = store.current_version()
+    version = store.current_version() if at is None else int(at["version"])
     try:
         mu, var = store.read_dist(version)
     except CodecError:
         if version == 0 and store.status() == "created":
             return None
         raise
-    st = store.state()
+    st = store.state() if at is None else {**store.state(), "steps": at["steps"], "interactions": at["interactions"]}
     arrays: dict[str, Any] = {"mu": mu, "var": var, "version": version, "f_mu": st.get("f_mu", math.nan),
                               "f_mu_version": st.get("f_mu_version", -1), "steps": st.get("steps", 0),
                               "interactions": st.get("interactions", 0),
                               "needed_interactions": needed_interactions(cfg, st)}
+    if at is not None:
+        arrays.update(f_mu=at.get("f_mu", math.nan), f_mu_version=version)
     best = store.read_best()
     if best is not None:
         arrays.update(best=best["params"], best_fitness=best.get("fitness", math.nan),
@@ -196,23 +200,45 @@ class Milestones:
     when the needed interactions (needed_interactions) first do. The launcher checks once a second
     and the counters move one finished episode at a time, so a snapshot is the policy of the first
     check at or past N: up to one second and one episode per worker late; the npz records the
-    counters it was taken at. td3's actor is the one it evaluated last, at the first episode end
-    past each multiple of td3_eval_every. A milestone whose file exists (a resumed run) is kept."""
+    counters it was taken at. td3 is one deterministic process, so its snapshot is exact whatever
+    the machine's load: the actor it evaluated last at the first episode whose history entry reaches N
+    (evaluations fall at the first episode end past each multiple of td3_eval_every), read back from
+    the history and its versioned actor. A milestone whose file exists (a resumed run) is kept."""
 
     def __init__(self, run_dir: Path, steps=(), interactions=()) -> None:
         self.dir = run_dir / "snapshots"
         self.todo = [(kind, int(n)) for kind, ns in (("steps", steps), ("interactions", interactions))
                      for n in sorted(set(ns)) if not (self.dir / f"{kind}-{int(n)}.npz").exists()]
+        self._seen = "-"  # td3: the history read so far
 
     def check(self, run_dir: Path, store: Store) -> list[Path]:
+        from aesrl_queue.algorithms import algorithm
+
         if not self.todo:
             return []
+        cfg = store.config()
         st = store.state()
-        now = {"steps": int(st.get("steps", 0)), "interactions": needed_interactions(store.config(), st)}
+        now = {"steps": int(st.get("steps", 0)), "interactions": needed_interactions(cfg, st)}
         due = [(kind, n) for kind, n in self.todo if now[kind] >= n]
         for item in due:
             self.todo.remove(item)
-        return [write_policy(run_dir, store, f"snapshots/{kind}-{n}.npz") for kind, n in due]
+        if algorithm(cfg.algo).tells != "step" or not due:
+            return [write_policy(run_dir, store, f"snapshots/{kind}-{n}.npz") for kind, n in due]
+        # td3 (tells "step"): its needed interactions are its stored steps (its evaluations are not counted)
+        out, pending = [], sorted(due, key=lambda d: d[1])
+        for hid, entry in store.history(after=self._seen):
+            while pending and entry["steps"] >= pending[0][1]:
+                kind, n = pending.pop(0)
+                try:
+                    out.append(write_policy(run_dir, store, f"snapshots/{kind}-{n}.npz", at=entry))
+                except CodecError:  # its actor expired (60 s after the next evaluation): the current one
+                    pending.insert(0, (kind, n))
+                    break
+            if not pending or entry["steps"] >= pending[0][1]:
+                self._seen = hid  # the next milestone may fall on this entry too
+                break
+            self._seen = f"({hid}"
+        return out + [write_policy(run_dir, store, f"snapshots/{kind}-{n}.npz") for kind, n in pending]
 
 
 # The summary warns of an RL share this far from its target once this many results are applied: the
