@@ -2,7 +2,7 @@
 `problem_hint` (a few words and the fix, for `run`'s progress line), which `status`, `status --watch`
 and the progress line show.
 
-Two sources feed it: failing jobs (FailureBreaker in scheduler/dispatch.py) and a missing or stalled
+Two sources feed it: failing jobs (FailureBreaker in scheduler/breaker.py) and a missing or stalled
 critic (the optimizer's `critic_problem`). Failing jobs come first: while jobs fail, the critic waits
 for episodes that never come. The line is written only when what it shows changes, and its first
 write replaces whatever an earlier scheduler of the run left there, its circuit breaker included.
