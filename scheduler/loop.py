@@ -29,8 +29,10 @@ from aesrl_queue.nets import init_actor_params
 from aesrl_queue.optimizers import (
     ASYNC_ALGOS,
     QUEUE_ALGOS,
-    Evaluated,
+    Fitness,
+    Individual,
     OptimizerFailed,
+    Reference,
     Update,
     load_optimizer,
     make_optimizer,
@@ -319,8 +321,7 @@ class Scheduler:
         if why is None:
             info, eps = self.inflight.settle(res.job, res.seed)
             try:
-                update = self.opt.tell(self._evaluated(res, info, individual(res, eps, self.dists, self.store)),
-                                       now=time.time())
+                update = self.opt.tell(*self._evaluated(res, info, individual(res, eps, self.dists, self.store)))
             except CodecError as exc:
                 why = ("rejected", f"individual of {res.job} unusable: {exc}", True)
             except ValueError as exc:
@@ -334,7 +335,8 @@ class Scheduler:
         """Hold what a told result asks to be written, with what the job itself reported beside what
         the optimizer made of it; count it as applied."""
         if update.history is not None:
-            update.history.update(worker=res.worker, duration=res.duration, rl_steps=int(info.get("rl_steps", 0)),
+            update.history.update(t=time.time(), worker=res.worker, duration=res.duration,
+                                  rl_steps=int(info.get("rl_steps", 0)),
                                   dispatched_at=float(info.get("enqueued_at", 0.0)))
             if res.kind == "rl":
                 update.history["dist_after"] = res.dist_after
@@ -350,20 +352,20 @@ class Scheduler:
         else:
             self.breaker.failure(res.error or "unknown error", len(self.dispatch.workers(max_age=math.inf)), res.kind)
 
-    def _evaluated(self, res: Result, info: dict[str, Any], ind) -> Evaluated:
-        """What the optimizer is told of one checked result (the run's counters updated from it)."""
+    def _evaluated(self, res: Result, info: dict[str, Any], ind) -> tuple[Individual, Fitness, Reference]:
+        """What the optimizer is told of one checked result: (individual, fitness, reference). The run's
+        counters are updated from it."""
         self.inflight.note_duration(res.kind, res.duration)
         # Results carry the counters after their episode was stored: no read per result.
         if res.steps < 0:  # a worker that does not report them
             self._counters(max_age=0.0)
         self.counts["steps"] = max(self.counts["steps"], res.steps)
         self.counts["interactions"] = max(self.counts["interactions"], res.interactions)
-        return Evaluated(job=res.job, kind=res.kind, version=res.version, z=ind.z, fitness=res.fitness,
-                         length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version,
-                         f_mu_length=res.eval_steps / max(1, self.cfg.mean_eval_episodes), steps=self.counts["steps"],
-                         interactions=self.counts["interactions"], random=bool(info.get("random", False)),
-                         mirror_z=ind.mirror, mirror_fitness=res.mirror_fitness, mirror_length=res.mirror_len,
-                         drawn_from=ind.mean)
+        return (Individual(job=res.job, kind=res.kind, version=res.version, z=ind.z, random=bool(info.get("random", False)),
+                           mirror_z=ind.mirror, drawn_from=ind.mean, steps=self.counts["steps"],
+                           interactions=self.counts["interactions"]),
+                Fitness(res.fitness, res.length, res.mirror_fitness, res.mirror_len),
+                Reference(res.f_mu, res.f_mu_version, res.eval_steps / max(1, self.cfg.mean_eval_episodes)))
 
     def _refuse(self, job: str | None, counter: str, why: str, retry: bool) -> None:
         """A result not told: counted and logged; its job, when it is ours, settled and asked again

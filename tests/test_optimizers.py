@@ -5,6 +5,7 @@ crashed the synchronous loop), and a property test: state() -> load_state() give
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -17,8 +18,10 @@ from aesrl_queue.config import RunConfig
 from aesrl_queue.optimizers import (
     AesrlOptimizer,
     CemOptimizer,
-    Evaluated,
+    Fitness,
+    Individual,
     OptimizerFailed,
+    Reference,
     job_seed,
     load_optimizer,
     make_optimizer,
@@ -48,6 +51,35 @@ def mu0(cfg: RunConfig) -> np.ndarray:
     return np.linspace(-0.5, 0.5, cfg.actor_dim, dtype=np.float32)
 
 
+@dataclasses.dataclass
+class Evaluated:
+    """One evaluated individual as these tests write it, flat; `tell` hands it to an optimizer as
+    (individual, fitness, reference)."""
+
+    job: str
+    kind: str
+    version: int
+    z: np.ndarray
+    fitness: float
+    length: int
+    f_mu: float = math.nan
+    f_mu_version: int = -1
+    f_mu_length: float = 0.0
+    steps: int = -1
+    random: bool = False
+    mirror_z: np.ndarray | None = None
+    mirror_fitness: float = math.nan
+    mirror_length: int = 0
+    drawn_from: np.ndarray | None = None
+
+
+def tell(opt, ev: Evaluated):
+    return opt.tell(Individual(job=ev.job, kind=ev.kind, version=ev.version, z=ev.z, random=ev.random,
+                               mirror_z=ev.mirror_z, drawn_from=ev.drawn_from, steps=ev.steps),
+                    Fitness(ev.fitness, ev.length, ev.mirror_fitness, ev.mirror_length),
+                    Reference(ev.f_mu, ev.f_mu_version, ev.f_mu_length))
+
+
 def evaluated(opt, spec: dict, fitness: float, f_mu: float = math.nan, length: int = 50, steps: int = 0,
               z: np.ndarray | None = None) -> Evaluated:
     if z is None:
@@ -61,7 +93,7 @@ def tell_rl(opt, spec: dict, gap: float, f_mu: float):
     """Tell `opt` an RL individual 0.3 from its μ in every coordinate, `gap` above f_mu."""
     ev = evaluated(opt, spec, fitness=f_mu + gap, f_mu=f_mu, z=(opt.mean + 0.3).astype(np.float32))
     ev.kind = "rl"
-    return opt.tell(ev)
+    return tell(opt, ev)
 
 
 def roundtrip(opt):
@@ -153,7 +185,7 @@ def test_cem_names_a_critic_that_does_not_train_for_its_rl_members() -> None:
     opt = CemOptimizer(cfg, mu0(cfg))
     wait = cfg.critic_wait
     for s in opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0):
-        opt.tell(evaluated(opt, s, fitness=1.0, length=25))
+        tell(opt, evaluated(opt, s, fitness=1.0, length=25))
     assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=0, now=1.0) == []
     # A critic that trains towards the request is there, however long it takes.
     assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=50, now=1.0 + wait / 2) == []
@@ -189,15 +221,15 @@ def test_aesrl_tell_moves_mu_by_the_baseline_relative_ratio_with_the_adaptive_sc
     opt = AesrlOptimizer(cfg, mu0(cfg))
     *first, spec = opt.ask(5, steps=0, inflight=0, critic_version=0, now=0.0)
     for s, gap in zip(first, (-20.0, 30.0, -40.0, 50.0), strict=True):  # too few gaps to know their spread
-        up = opt.tell(evaluated(opt, s, fitness=100.0 + gap, f_mu=100.0), now=1.0)
+        up = tell(opt, evaluated(opt, s, fitness=100.0 + gap, f_mu=100.0))
         assert not up.moved and up.history["told"] and up.history["p"] == 0.0
     mu, ev = opt.mean.copy(), evaluated(opt, spec, fitness=110.0, f_mu=100.0)
-    up = opt.tell(ev, now=5.0)
+    up = tell(opt, ev)
     r = 1.4826 * 30.0  # gaps -20, 30, -40, 50, 10: median 10, deviations 30, 20, 50, 40, 0
     p = (10.0 + r) / (10.0 + 2 * r)
     assert up.moved and up.version == opt.version == 1
     assert up.history["p"] == pytest.approx(p) and up.history["r"] == pytest.approx(r)
-    assert up.history["f_ref"] == 100.0 and up.history["t"] == 5.0 and up.history["told"]
+    assert up.history["f_ref"] == 100.0 and "t" not in up.history and up.history["told"]  # the loop stamps t
     np.testing.assert_allclose(opt.mean, (1 - p) * mu + p * ev.z, rtol=1e-5, atol=1e-6)
     assert opt.fields()["best_fitness"] == 150.0 and opt.fields()["f_mu"] == 100.0
 
@@ -214,7 +246,7 @@ def test_an_antithetic_pair_compares_both_with_their_mean_and_moves_mu_towards_t
     np.testing.assert_allclose(mirror, 2 * mu - z, atol=1e-6)
     ev = evaluated(opt, spec, fitness=90.0, f_mu=math.nan, length=40, z=z)
     ev.mirror_z, ev.mirror_fitness, ev.mirror_length = mirror, 96.0, 60
-    up = opt.tell(ev, now=1.0)
+    up = tell(opt, ev)
     p = (96.0 - 93.0) / 10.0  # the mirror beats the pair's mean 93 by 3; z trails it by 3 (p = 0)
     assert up.moved and opt.told == 2
     h = up.history
@@ -229,7 +261,7 @@ def test_an_antithetic_pair_compares_both_with_their_mean_and_moves_mu_towards_t
     z = noise.sample(opt.mean, opt.var, spec["seed"])
     ev = evaluated(opt, spec, fitness=120.0, z=z)
     ev.mirror_z, ev.mirror_fitness, ev.mirror_length = noise.sample(opt.mean, opt.var, noise.mirrored(spec["seed"])), 100.0, 5
-    up = opt.tell(ev)
+    up = tell(opt, ev)
     assert not up.history["mirror_won"] and up.history["f_ref"] == 110.0 and up.history["p"] == 1.0
     np.testing.assert_array_equal(opt.mean, z)  # p = min(10/10, 1): μ becomes z
     np.testing.assert_array_equal(up.best["params"], z)
@@ -249,7 +281,7 @@ def test_a_stale_pair_moves_mu_by_its_offset_with_pair_shift_and_towards_z_witho
         ev = evaluated(opt, spec, fitness=f, z=z)  # z beats the pair's mean by (f − 100)/2: p = 0.2, 0.3
         ev.mirror_z, ev.mirror_fitness, ev.mirror_length = m, 100.0, 50
         before = opt.mean.astype(np.float64)
-        up = opt.tell(ev)
+        up = tell(opt, ev)
         assert up.moved and up.history["p"] == pytest.approx((f - 100.0) / 20.0)
         assert up.history["lag"] == lag  # updates told since the pair was drawn
     z1, z2 = (z.astype(np.float64) for z, _ in zs)
@@ -274,12 +306,12 @@ def test_a_stale_single_es_individual_is_told_by_its_offset_with_pair_shift(shif
     mu0_, var0 = opt.mean.astype(np.float64), opt.var.copy()
     rl = evaluated(opt, specs[0], fitness=110.0, f_mu=100.0, z=(opt.mean + 5.0).astype(np.float32))
     rl.kind = "rl"
-    assert opt.tell(rl).moved  # p = 20/30: μ moves 3.3 per coordinate
+    assert tell(opt, rl).moved  # p = 20/30: μ moves 3.3 per coordinate
     mu1 = opt.mean.astype(np.float64)
     z = noise.sample(mu0_.astype(np.float32), var0, specs[1]["seed"])
     es = evaluated(opt, specs[1], fitness=100.0, f_mu=100.0, z=z)  # as good as its μ: p = 0.5
     es.drawn_from = mu0_.astype(np.float32)  # the loop always has it; only pair_shift uses it
-    up = opt.tell(es)
+    up = tell(opt, es)
     assert up.moved and up.history["p"] == pytest.approx(0.5) and up.history["lag"] == 1
     offset = z.astype(np.float64) - mu0_
     want = mu1 + 0.5 * offset if shift else 0.5 * mu1 + 0.5 * z
@@ -309,7 +341,7 @@ def test_aesrl_does_not_tell_random_action_results_with_an_adaptive_scale() -> N
     cfg = config("aesrl", initial_steps=1000)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
-    up = opt.tell(evaluated(opt, spec, fitness=500.0, f_mu=0.0), now=0.0)
+    up = tell(opt, evaluated(opt, spec, fitness=500.0, f_mu=0.0))
     assert not up.moved and not up.history["told"] and up.history["p"] == 0.0 and opt.told == 0
     assert up.best is None  # a random-action episode is no individual worth exporting
     assert opt.fields()["best_fitness"] == 500.0
@@ -325,7 +357,7 @@ def test_fitness_shift_judges_returns_less_a_bonus_per_step_and_reports_the_retu
         (a,) = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
         ev = evaluated(opt, a, fitness=300.0, f_mu=1000.0, length=200)
         ev.f_mu_length = 1000.0
-        up = opt.tell(ev)
+        up = tell(opt, ev)
         assert up.moved is moves, cfg.fitness_shift
         assert up.history["f_z"] == 300.0 and opt.fields()["f_mu"] == 1000.0
         assert up.history["delta"] == (100.0 if moves else -700.0)
@@ -336,8 +368,8 @@ def test_fitness_shift_judges_returns_less_a_bonus_per_step_and_reports_the_retu
     a, b = opt.ask(2, steps=0, inflight=0, critic_version=0, now=0.0)
     ev = evaluated(opt, a, fitness=1000.0, f_mu=1000.0, length=1000)
     ev.f_mu_length = 1000.0
-    opt.tell(ev)
-    up = roundtrip(opt).tell(evaluated(opt, b, fitness=300.0, f_mu=math.nan, length=200))
+    tell(opt, ev)
+    up = tell(roundtrip(opt), evaluated(opt, b, fitness=300.0, f_mu=math.nan, length=200))
     assert up.history["f_ref"] == 0.0 and up.history["delta"] == 100.0 and up.moved
 
 
@@ -345,8 +377,8 @@ def test_unpaired_aesrl_compares_with_the_newest_f_mu() -> None:
     cfg = config("aesrl", initial_steps=0, mean_eval_paired=False)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     a, b = opt.ask(2, steps=0, inflight=0, critic_version=0, now=0.0)
-    opt.tell(evaluated(opt, a, fitness=3.0, f_mu=7.0))
-    up = opt.tell(evaluated(opt, b, fitness=1.0, f_mu=math.nan))
+    tell(opt, evaluated(opt, a, fitness=3.0, f_mu=7.0))
+    up = tell(opt, evaluated(opt, b, fitness=1.0, f_mu=math.nan))
     assert up.history["f_ref"] == 7.0
 
 
@@ -357,7 +389,7 @@ def test_invalid_tell_changes_nothing() -> None:
     before = codec.pack(opt.state())
     bad = evaluated(opt, spec, fitness=1.0, f_mu=0.0, z=np.full(cfg.actor_dim, np.nan, dtype=np.float32))
     with pytest.raises(ValueError):
-        opt.tell(bad)
+        tell(opt, bad)
     assert codec.pack(opt.state()) == before
 
 
@@ -366,7 +398,7 @@ def test_opo_takes_a_better_individual_as_the_mean() -> None:
     opt = make_optimizer(cfg, mu0(cfg))
     [spec] = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
     ev = evaluated(opt, spec, fitness=2.0, f_mu=1.0)
-    assert opt.tell(ev).moved
+    assert tell(opt, ev).moved
     np.testing.assert_array_equal(opt.mean, ev.z)
 
 
@@ -374,7 +406,7 @@ def test_acemrl_tells_one_result_at_a_time() -> None:
     cfg = config("acemrl", initial_steps=0)
     opt = make_optimizer(cfg, mu0(cfg))
     for spec in opt.ask(6, steps=0, inflight=0, critic_version=0, now=0.0):
-        up = opt.tell(evaluated(opt, spec, fitness=float(spec["n"]), f_mu=0.0))
+        up = tell(opt, evaluated(opt, spec, fitness=float(spec["n"]), f_mu=0.0))
         assert up.history["version"] == opt.version
 
 
@@ -401,9 +433,9 @@ def test_pcemrl_tells_the_weighted_elite_once_the_generation_is_back() -> None:
     mu, damp = opt.mean.astype(np.float64), opt.dist.damp
     evs = [evaluated(opt, s, fitness=f, length=10) for s, f in zip(specs, [1.0, 4.0, 3.0, 2.0], strict=True)]
     for ev in evs[:3]:
-        up = opt.tell(ev)
+        up = tell(opt, ev)
         assert not up.moved and not up.history["told"] and opt.version == 0
-    up = opt.tell(evs[3])
+    up = tell(opt, evs[3])
     assert up.moved and up.history["told"] and opt.version == 1 and opt.gen is None
     # Elite of 2: members 1 (f=4) and 2 (f=3), weights ∝ log(3/1), log(3/2).
     w = np.log([3.0, 1.5]) / np.log([3.0, 1.5]).sum()
@@ -417,7 +449,7 @@ def test_pcemrl_requests_critic_training_before_its_rl_members() -> None:
     cfg = config("pcemrl", initial_steps=0, population=4, batch_size=8)
     opt = CemOptimizer(cfg, mu0(cfg))
     for s in opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0):
-        opt.tell(evaluated(opt, s, fitness=1.0, length=25))
+        tell(opt, evaluated(opt, s, fitness=1.0, length=25))
     assert opt.ask(1, steps=100, inflight=0, critic_version=0, critic_steps=0, now=1.0) == []
     assert opt.waiting and opt.fields()["critic_request"] == 100  # the last generation's 100 steps
     specs = opt.ask(1, steps=100, inflight=0, critic_version=1, critic_steps=100, now=2.0)
@@ -430,13 +462,13 @@ def test_a_generation_resumes_mid_way_from_plain_state() -> None:
     cfg = config("pcemrl", initial_steps=0, population=6, batch_size=8)
     opt = CemOptimizer(cfg, mu0(cfg))
     for s in opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0):
-        opt.tell(evaluated(opt, s, fitness=float(s["n"]), length=25))
+        tell(opt, evaluated(opt, s, fitness=float(s["n"]), length=25))
     specs = opt.ask(1, steps=200, inflight=0, critic_version=1, critic_steps=10**6, now=0.0)
     assert [s["kind"] for s in specs].count("rl") == 3
     trained = {s["n"]: noise.sample(opt.mean, opt.var, s["seed"]) + 0.01 for s in specs if s["kind"] == "rl"}
     evs = [evaluated(opt, s, fitness=float(-s["n"] % 7), z=trained.get(s["n"])) for s in specs]
     for ev in evs[:4]:  # two RL and two ES members back (members 0, 1, 2 are RL)
-        opt.tell(ev)
+        tell(opt, ev)
     twin = roundtrip(opt)
     assert twin.needs_individuals() == {evs[0].job: 0, evs[1].job: 1, evs[2].job: 2}
     for _job, member in twin.needs_individuals().items():
@@ -445,11 +477,11 @@ def test_a_generation_resumes_mid_way_from_plain_state() -> None:
     assert [s["extra"]["member"] for s in twin.ask(1, steps=300, inflight=2, critic_version=1,
                                                    critic_steps=10**6, now=0.0)] == [2]
     for ev in (evs[4], evs[5]):
-        opt.tell(ev)
-        twin.tell(ev)
+        tell(opt, ev)
+        tell(twin, ev)
     assert opt.version == 2 and twin.version == 1  # the twin still waits for member 2
     again = twin.gen["members"][2]["job"]
-    up = twin.tell(Evaluated(job=again, kind="rl", version=1, z=evs[2].z,
+    up = tell(twin, Evaluated(job=again, kind="rl", version=1, z=evs[2].z,
                              fitness=evs[2].fitness, length=50))
     assert up.moved
     np.testing.assert_array_equal(twin.mean, opt.mean)
@@ -468,11 +500,11 @@ def test_lost_members_run_again_then_drop_and_half_a_generation_fails_the_run() 
         opt.lost(f"opt-j{again['n']}")
     assert opt.gen["members"][0]["dropped"]
     for s in specs[1:3]:
-        opt.tell(evaluated(opt, s, fitness=1.0))
+        tell(opt, evaluated(opt, s, fitness=1.0))
     up = opt.lost(f"opt-j{specs[3]['n']}", retry=False)  # 2 of 4 back: told without the dropped ones
     assert up is not None and up.moved and not up.applied and opt.version == 1
     specs = opt.ask(1, steps=0, inflight=0, critic_version=0, now=0.0)
-    opt.tell(evaluated(opt, specs[0], fitness=1.0))
+    tell(opt, evaluated(opt, specs[0], fitness=1.0))
     opt.lost(f"opt-j{specs[1]['n']}", retry=False)
     opt.lost(f"opt-j{specs[2]['n']}", retry=False)
     with pytest.raises(OptimizerFailed):
@@ -498,7 +530,7 @@ def drive(opt, ops: list[tuple[int, float]], steps0: int) -> list:
             z = noise.sample(opt.mean, opt.var, spec["seed"])
             steps += 20
             try:
-                up = opt.tell(evaluated(opt, spec, fitness=x, f_mu=x / 2, length=20, steps=steps, z=z), now=1.0)
+                up = tell(opt, evaluated(opt, spec, fitness=x, f_mu=x / 2, length=20, steps=steps, z=z))
             except ValueError as exc:
                 out.append(("rejected", str(exc)))
                 continue
@@ -547,7 +579,7 @@ def test_rl_gaps_never_set_the_fitness_scale() -> None:
         assert tell_rl(opt, s, gap, 100.0).history["p"] == 0.0  # no ES gaps yet: μ waits
     np.testing.assert_array_equal(opt.mean, mu)
     for s, gap in zip(specs[5:10], (-1.0, 1.0, 0.0, -1.0, 1.0), strict=True):  # ES gaps: r ≈ 1.5
-        opt.tell(evaluated(opt, s, fitness=1000.0 + gap, f_mu=1000.0))
+        tell(opt, evaluated(opt, s, fitness=1000.0 + gap, f_mu=1000.0))
     assert opt.dist.r == pytest.approx(1.4826)
     assert tell_rl(opt, specs[10], -900.0, 1000.0).history["p"] == 0.0
     assert opt.dist.r == pytest.approx(1.4826)  # the falling RL individual did not widen it

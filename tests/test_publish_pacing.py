@@ -16,7 +16,7 @@ from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.nets import init_actor_params
-from aesrl_queue.optimizers import ASYNC_ALGOS, Evaluated, make_optimizer
+from aesrl_queue.optimizers import ASYNC_ALGOS, Fitness, Individual, Reference, make_optimizer
 from aesrl_queue.store import Store, worker_beat
 from scheduler.loop import Scheduler, asked_state
 
@@ -209,8 +209,8 @@ def test_ask_and_tell_change_disjoint_parts_of_the_optimizer_state(algo):
         for spec in specs:
             asked = asked_state(opt)
             z = (opt.mean + 0.1 * rng.standard_normal(opt.mean.shape)).astype(np.float32)
-            opt.tell(Evaluated(job=f"j{spec['n']}", kind=spec["kind"], version=spec["version"], z=z,
-                               fitness=float(rng.normal()), length=EPISODE_LEN, f_mu=float(rng.normal()),
-                               f_mu_version=spec["version"], steps=100, interactions=200), now=0.0)
+            opt.tell(Individual(job=f"j{spec['n']}", kind=spec["kind"], version=spec["version"], z=z, steps=100,
+                                interactions=200),
+                     Fitness(float(rng.normal()), EPISODE_LEN), Reference(float(rng.normal()), spec["version"]))
             assert codec.pack(asked_state(opt)) == codec.pack(asked), "tell changed what asks own"
     assert opt.told > 0

@@ -6,7 +6,7 @@ individual the moment it arrives and returns what the scheduler must write. One 
 
     opt = AesrlOptimizer(cfg, mu0)              # or AesrlOptimizer(cfg, mu).load_state(saved)
     specs = opt.ask(4, steps=0, inflight=0, critic_version=0, now=0.0)
-    update = opt.tell(evaluated, now=time.time())   # -> Update(version, moved, history, best, ...)
+    update = opt.tell(individual, fitness, reference)   # -> Update(version, moved, history, best, ...)
 
 What it owns: the search distribution (μ, var and, for AES-RL, the fitness scale r), the P controller
 and the job numbering, the f(μ) each individual is compared with, the `rl_steps` window, the random
@@ -33,9 +33,11 @@ from aesrl_queue.optimizers.base import (
     NO_CRITIC_AFTER,
     NO_CRITIC_GAVE_UP,
     NO_CRITIC_WAITING,
-    Evaluated,
+    Fitness,
+    Individual,
     JobSpec,
     OwnsDistribution,
+    Reference,
     Update,
     finite,
     job_seed,
@@ -222,91 +224,91 @@ class AesrlOptimizer(OwnsDistribution):
         return False
 
     # -- tell ------------------------------------------------------------------------------------
-    def tell(self, ev: Evaluated, now: float = 0.0) -> Update:
-        """Apply one evaluated individual; `now` (wall clock) only stamps the history entry.
+    def tell(self, ind: Individual, fit: Fitness, ref: Reference) -> Update:
+        """Apply one evaluated individual: what its episode returned, and the job's f(μ) estimate.
 
         Invalid input raises ValueError and changes nothing."""
         cfg, dist = self.cfg, self.dist
-        pair = ev.mirror_z is not None
-        if pair and not finite(ev.mirror_fitness):
-            raise ValueError(f"the antithetic partner of {ev.job} has return {ev.mirror_fitness}")
+        pair = ind.mirror_z is not None
+        if pair and not finite(fit.mirror_value):
+            raise ValueError(f"the antithetic partner of {ind.job} has return {fit.mirror_value}")
         f_mu, f_mu_version, f_mu_len = self.f_mu, self.f_mu_version, self.f_mu_len
-        if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version:
-            f_mu, f_mu_version, f_mu_len = ev.f_mu, ev.f_mu_version, ev.f_mu_length
-        f_z, f_ref = self._judged(ev, f_mu, f_mu_len)
+        if finite(ref.value) and ref.version >= f_mu_version:
+            f_mu, f_mu_version, f_mu_len = ref.value, ref.version, ref.length
+        f_z, f_ref = self._judged(ind, fit, ref, f_mu, f_mu_len)
         # A random-action episode says nothing about z: with an adaptive scale it neither moves μ nor
         # enters the scale (the paper's fixed r lets it move μ, as the official code does).
         scale = getattr(dist, "scale", None)
-        told = not (ev.random and scale is not None and scale.adapts)
+        told = not (ind.random and scale is not None and scale.adapts)
         mean_before, version_before = dist.mean, dist.version
         # (the value told, z, the return) per individual: one, or an antithetic pair, the worse first
         # (under the default rules it leaves μ where it is; the better one then moves μ from there)
-        members = [(f_z, ev.z, ev.fitness)]
+        members = [(f_z, ind.z, fit.value)]
         if pair:
-            members = sorted([members[0], (cfg.judged(ev.mirror_fitness, ev.mirror_length), ev.mirror_z,
-                                           ev.mirror_fitness)], key=lambda m: m[0])
+            members = sorted([members[0], (cfg.judged(fit.mirror_value, fit.mirror_length), ind.mirror_z,
+                                           fit.mirror_value)], key=lambda m: m[0])
         tellees = [(f_i, z_i) for f_i, z_i, _ in members]
-        if cfg.pair_shift and ev.kind == "es" and ev.version != dist.version and (pair or ev.drawn_from is not None):
+        if cfg.pair_shift and ind.kind == "es" and ind.version != dist.version and (pair or ind.drawn_from is not None):
             # drawn from an older μ: tell the offsets σ·ε from that μ, added to the current one. Told as
             # they are, z − μ_now also holds how far μ moved meanwhile, and the variance takes it
-            offset = noise.Individual(ev.z, ev.mirror_z, ev.drawn_from).offset(dist.mean)
+            offset = noise.Individual(ind.z, ind.mirror_z, ind.drawn_from).offset(dist.mean)
             tellees = [(f_i, (z_i + offset).astype(np.float32)) for f_i, z_i in tellees]
         step = None
         p = p_loser = 0.0
         for f_i, z_i in tellees if told else ():
             p_loser = p
             if hasattr(dist, "tell_step"):  # only ES gaps set the adaptive r (fitness.FitnessScale)
-                p, step_i = dist.tell_step(z_i, f_i, f_ref, scale_step=ev.kind != "rl")
+                p, step_i = dist.tell_step(z_i, f_i, f_ref, scale_step=ind.kind != "rl")
                 step = step_i if step_i is not None else step
             else:
                 p = dist.tell(z_i, f_i, f_ref)
             p = float(p)
             self.told += 1
         self.f_mu, self.f_mu_version, self.f_mu_len = f_mu, f_mu_version, f_mu_len
-        self.last_p[ev.kind] = p
-        self.recent_lens.extend([int(ev.length), int(ev.mirror_length)] if pair else [int(ev.length)])
+        self.last_p[ind.kind] = p
+        self.recent_lens.extend([int(fit.length), int(fit.mirror_length)] if pair else [int(fit.length)])
         told_best, z_best, f_best = members[-1]  # the better of a pair (the individual itself otherwise)
         self.best = max(self.best, f_best)
         moved = dist.version != version_before
         std = (step.std if step is not None else noise.scale(dist.mean, dist.var)[1]) if moved else None
-        entry = self._entry(ev, p, f_ref, f_z, told, std, now, version_before,
+        entry = self._entry(ind, fit, p, f_ref, f_z, told, std, version_before,
                             step.moved if step is not None else float(np.linalg.norm(dist.mean - mean_before)))
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it
             entry.update(f_z=f_best, delta=told_best - f_ref, f_pair_worse=members[0][2], p_pair_worse=p_loser,
-                         mirror_won=z_best is ev.mirror_z)
+                         mirror_won=z_best is ind.mirror_z)
         best = None
-        if not ev.random and f_best > self.best_kept:
+        if not ind.random and f_best > self.best_kept:
             self.best_kept = f_best
-            best = {"params": z_best, "fitness": f_best, "job": ev.job, "kind": ev.kind, "version": dist.version,
-                    "steps": ev.steps}
+            best = {"params": z_best, "fitness": f_best, "job": ind.job, "kind": ind.kind, "version": dist.version,
+                    "steps": ind.steps}
         return Update(version=dist.version, moved=moved, mean=dist.mean if moved else None,
                       var=dist.var if moved else None, std=std, history=entry, best=best)
 
-    def _judged(self, ev: Evaluated, f_mu: float, f_mu_len: float) -> tuple[float, float]:
+    def _judged(self, ind: Individual, fit: Fitness, ref: Reference, f_mu: float, f_mu_len: float) -> tuple[float, float]:
         """(f(z), the f(μ) it is compared with), both as the rule compares them (less fitness_shift).
 
         The reference: an antithetic pair's mean, both from one start state; with paired evaluation,
         the job's own estimate of the μ it was drawn from, on the same start state; else the newest
         estimate (the paper)."""
         shaped = self.cfg.judged
-        f_z = shaped(ev.fitness, ev.length)
-        if ev.mirror_z is not None:
-            return f_z, 0.5 * (f_z + shaped(ev.mirror_fitness, ev.mirror_length))
-        if self.cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
-            return f_z, shaped(ev.f_mu, ev.f_mu_length)
+        f_z = shaped(fit.value, fit.length)
+        if ind.mirror_z is not None:
+            return f_z, 0.5 * (f_z + shaped(fit.mirror_value, fit.mirror_length))
+        if self.cfg.mean_eval_paired and finite(ref.value) and ref.version == ind.version:
+            return f_z, shaped(ref.value, ref.length)
         return f_z, (shaped(f_mu, f_mu_len) if finite(f_mu) else f_z)
 
-    def _entry(self, ev: Evaluated, p: float, f_ref: float, f_z: float, told: bool, std: np.ndarray | None,
-               now: float, version_before: int, moved: float) -> dict[str, Any]:
+    def _entry(self, ind: Individual, fit: Fitness, p: float, f_ref: float, f_z: float, told: bool,
+               std: np.ndarray | None, version_before: int, moved: float) -> dict[str, Any]:
         """The history entry of one tell (f_ref and delta as the rule saw them: less fitness_shift)."""
         sigma = self._sigma_stats(std)
-        return {"job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
-                "version": self.dist.version, "p": p, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length,
-                "t": now, "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3], "moved": moved,
-                "random": bool(ev.random), "f_ref": f_ref, "delta": f_z - f_ref,
+        return {"job": ind.job, "kind": ind.kind, "steps": ind.steps, "interactions": ind.interactions,
+                "version": self.dist.version, "p": p, "f_z": fit.value, "f_mu": self.f_mu, "len": fit.length,
+                "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3], "moved": moved,
+                "random": bool(ind.random), "f_ref": f_ref, "delta": f_z - f_ref,
                 "r": getattr(self.dist, "r", None), "told": told,
                 # how many updates were told while this individual ran (drawn from an older μ)
-                "lag": version_before - ev.version}
+                "lag": version_before - ind.version}
 
     def _sigma_stats(self, std: np.ndarray | None) -> tuple[int, float, float, float]:
         """Mean, min and max of sqrt(var) for the history, computed once per version."""

@@ -24,10 +24,12 @@ from aesrl_queue.optimizers.base import (
     GENERATION_GAVE_UP,
     GENERATION_WAITING,
     NO_CRITIC_AFTER,
-    Evaluated,
+    Fitness,
+    Individual,
     JobSpec,
     OptimizerFailed,
     OwnsDistribution,
+    Reference,
     Update,
     finite,
     generation_seed,
@@ -199,21 +201,21 @@ class CemOptimizer(OwnsDistribution):
                 return i
         return None
 
-    def tell(self, ev: Evaluated, now: float = 0.0) -> Update:
+    def tell(self, ind: Individual, fit: Fitness, ref: Reference) -> Update:
         """Record one member's result; the last member of a generation updates the distribution."""
-        i = self._member_of(ev.job)
+        i = self._member_of(ind.job)
         if i is None:
-            raise ValueError(f"job {ev.job} is no member of the open generation")
-        if ev.version != self.version:
+            raise ValueError(f"job {ind.job} is no member of the open generation")
+        if ind.version != self.version:
             # The barrier makes this impossible unless someone else moved the run's version.
-            raise ValueError(f"job {ev.job} used version {ev.version}, generation {self.gen['g']} is version "
+            raise ValueError(f"job {ind.job} used version {ind.version}, generation {self.gen['g']} is version "
                              f"{self.version}")
         m = self.gen["members"][i]
-        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length))
-        if finite(ev.f_mu) and ev.f_mu_version == self.version:
-            m["f_mu"] = float(ev.f_mu)
-        self._z[i] = ev.z
-        self.best = max(self.best, ev.fitness)
+        m.update(done=True, fitness=float(fit.value), len=int(fit.length))
+        if finite(ref.value) and ref.version == self.version:
+            m["f_mu"] = float(ref.value)
+        self._z[i] = ind.z
+        self.best = max(self.best, fit.value)
         f_mus = [mm["f_mu"] for mm in self.gen["members"] if mm["done"] and "f_mu" in mm]
         self.f_mu = float(np.mean(f_mus)) if f_mus else math.nan
         g = self.gen["g"]
@@ -222,15 +224,15 @@ class CemOptimizer(OwnsDistribution):
         update = self._tell_generation() if told else Update(version=self.version)
         sigma = np.sqrt(self.dist.var)
         update.history = {
-            "job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
-            "version": self.version, "p": 0.0, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length, "t": now,
+            "job": ind.job, "kind": ind.kind, "steps": ind.steps, "interactions": ind.interactions,
+            "version": self.version, "p": 0.0, "f_z": fit.value, "f_mu": self.f_mu, "len": fit.length,
             "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()),
             "sigma_max": float(sigma.max()), "moved": float(np.linalg.norm(self.dist.mean - mean_before)),
-            "random": bool(ev.random), "generation": g, "member": i, "told": told}
-        if not ev.random and ev.fitness > self.best_kept:
-            self.best_kept = ev.fitness
-            update.best = {"params": ev.z, "fitness": ev.fitness, "job": ev.job, "kind": ev.kind,
-                           "version": self.version, "steps": ev.steps}
+            "random": bool(ind.random), "generation": g, "member": i, "told": told}
+        if not ind.random and fit.value > self.best_kept:
+            self.best_kept = fit.value
+            update.best = {"params": ind.z, "fitness": fit.value, "job": ind.job, "kind": ind.kind,
+                           "version": self.version, "steps": ind.steps}
         return update
 
     def _tell_generation(self) -> Update:
