@@ -59,7 +59,7 @@ from scheduler.loop import Scheduler
 log = logging.getLogger(__name__)
 
 VIRTUAL_FILE = "virtual.json"
-# The scheduler loop's waits where nothing arrives (scheduler/loop.py `_loop`): 50 ms while the optimizer
+# The scheduler loop's waits where nothing arrives (scheduler/loop.py `_loop`): 50 ms while its critic gate
 # holds jobs for something outside (a critic), else 500 ms.
 POLL_WAITING_S = 0.05
 POLL_S = 0.5
@@ -380,7 +380,7 @@ class VirtualRun:
                 self._push(sched._next_publish(), "commit")
             if poll_at[0] is None and not draining and len(sched.inflight) < self._slots:
                 # free slots: the loop looks again after its read's timeout, as the real one does
-                poll_at[0] = self.now + (POLL_WAITING_S if sched.opt.waiting else POLL_S)
+                poll_at[0] = self.now + (POLL_WAITING_S if sched.gate.waiting else POLL_S)
                 self._push(poll_at[0], "poll")
             if not self._heap:  # a loop with free slots always has a poll ahead: only a drained run ends here
                 raise VirtualRunError(f"nothing left to happen at virtual {self.now:.3f} s with "

@@ -41,6 +41,7 @@ from aesrl_queue.optimizers import (
 from aesrl_queue.optimizers.base import finite
 from aesrl_queue.store import Result, Store
 from scheduler.breaker import FailureBreaker
+from scheduler.critic_gate import make_gate
 from scheduler.dispatch import Dispatcher
 from scheduler.dists import DistCache
 from scheduler.inflight import InFlight
@@ -100,7 +101,7 @@ class Scheduler:
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: publish after every read, however fast results come
-        self.clock = time.monotonic  # paces publications, times the critic wait (tests, virtual.py)
+        self.clock = time.monotonic  # paces publications, times the critic gate's waits (tests, virtual.py)
         # Whether free slots are refilled between commits. Only where ask and tell change disjoint parts
         # of the optimizer's state (the asynchronous optimizer: ask numbers and tags jobs, tell moves the
         # distribution), so that the refill can save the state last committed with what asks changed
@@ -146,6 +147,7 @@ class Scheduler:
         self.dispatch = Dispatcher(self.r, cfg, self.inflight)
         self.results = ResultReader(store, self.rb)
         self.breaker = FailureBreaker(store)
+        self.gate = make_gate(cfg, self.opt)  # when RL jobs may be asked for; its clocks restart with the process
         # What a synchronous generation needs back: members whose job was forgotten run again, and
         # the trained parameters of RL members that already returned come from their stored individuals.
         self.opt.reconcile(set(self.inflight))
@@ -214,7 +216,7 @@ class Scheduler:
                                                > (self.drain_timeout or self.inflight.deadline("rl"))):
                 return self._finish()
             # Block long only while results are due and the optimizer waits for nothing else.
-            block = 500 if self.inflight and not self.opt.waiting else 50
+            block = 500 if self.inflight and not self.gate.waiting else 50
             if first:
                 block, first = 1, False
             if self.opt.version != self.published:  # a held version: wake up when it may be published
@@ -257,7 +259,7 @@ class Scheduler:
             pending.incr["replaced"] += 1
             pending.note(opt.lost(job, retry=True))
         specs = self._ask() if refill else []
-        self.breaker.line.critic(opt.critic_problem)  # a missing critic, with the command to start one
+        self.breaker.line.critic(self.gate.problem)  # a missing critic, with the command to start one
         fields = opt.fields()
         if not (pending.results or pending.forget or specs or self.to_delete or not _same(fields, self.written)):
             return
@@ -393,11 +395,11 @@ class Scheduler:
 
     # -- asking --------------------------------------------------------------------------------------
     def _ask(self) -> list[dict[str, Any]]:
-        counts = self._counters(max_age=0.05 if self.opt.waiting else 1.0)
+        """Jobs for the free slots: the critic gate asks the optimizer, RL jobs only once a critic is ready."""
+        counts = self._counters(max_age=0.05 if self.gate.waiting else 1.0)
         want = self.breaker.limit(self.dispatch.slots(), len(self.inflight)) - len(self.inflight)
-        return self.opt.ask(want, steps=counts["steps"], inflight=len(self.inflight),
-                            critic_version=counts["critic_version"], critic_steps=counts["critic_steps"],
-                            now=self.clock())
+        return self.gate.ask(want, counts["steps"], len(self.inflight), counts["critic_version"], counts["critic_steps"],
+                             self.clock())
 
     def _counters(self, max_age: float = 1.0) -> dict[str, int]:
         """Stored steps and the critic's progress: from the results seen, re-read at most every `max_age` s."""

@@ -68,18 +68,20 @@ def optimizer_trace(algo: str, results: int = 40, env: str = ENV) -> list[dict[s
     """Tell `results` made-up results to a fresh optimizer of `algo` (its defaults on `env`)."""
     from aesrl_queue import noise
     from aesrl_queue.optimizers import Fitness, Individual, Reference, make_optimizer
+    from scheduler.critic_gate import make_gate
 
     cfg = config(algo, env=env, initial_steps=400)
     mu0 = np.linspace(-0.3, 0.3, cfg.actor_dim, dtype=np.float32)
     opt = make_optimizer(cfg, mu0)
+    gate = make_gate(cfg, opt)  # the loop's critic gating, as the scheduler asks
     rng = np.random.default_rng(17)
     trace: list[dict[str, Any]] = []
     steps, now, pending = 0, 0.0, []
     dists = {opt.version: (opt.mean.copy(), opt.var.copy())}
     while len(trace) < results:
         if not pending:
-            pending = list(opt.ask(4, steps=steps, inflight=0, critic_version=1, now=now,
-                                   critic_steps=steps + 10_000))
+            pending = list(gate.ask(4, steps=steps, inflight=0, critic_version=1, critic_steps=steps + 10_000,
+                                    now=now))
             if not pending:
                 now += 1000.0
                 continue

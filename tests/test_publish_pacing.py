@@ -199,7 +199,7 @@ def test_ask_and_tell_change_disjoint_parts_of_the_optimizer_state(algo):
     rng = np.random.default_rng(3)
     for _ in range(6):
         before = opt.state()
-        specs = opt.ask(2, steps=100, inflight=0, critic_version=1, critic_steps=100, now=0.0)
+        specs = opt.ask(2, steps=100, inflight=0, rl=True)
         assert specs
         after = opt.state()
         changed = {k for k in after if codec.pack(after[k]) != codec.pack(before[k])}

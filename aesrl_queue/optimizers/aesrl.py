@@ -5,7 +5,7 @@ every number of the algorithm lives here, and nothing of Redis, RQ, threads or c
 individual the moment it arrives and returns what the scheduler must write. One object per run:
 
     opt = AesrlOptimizer(cfg, mu0)              # or AesrlOptimizer(cfg, mu).load_state(saved)
-    specs = opt.ask(4, steps=0, inflight=0, critic_version=0, now=0.0)
+    specs = opt.ask(4, steps=0, inflight=0, rl=False)  # rl: the loop's critic gate says a critic is ready
     update = opt.tell(individual, fitness, reference)   # -> Update(version, moved, history, best, ...)
 
 What it owns: the search distribution (μ, var and, for AES-RL, the fitness scale r), the P controller
@@ -29,10 +29,6 @@ from aesrl_queue.config import RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
-    CRITIC_STALLED,
-    NO_CRITIC_AFTER,
-    NO_CRITIC_GAVE_UP,
-    NO_CRITIC_WAITING,
     Fitness,
     Individual,
     JobSpec,
@@ -48,12 +44,6 @@ log = logging.getLogger(__name__)
 # An RL job trains as many actor steps as the last 10 evaluated episodes stored (the paper's window),
 # at most rl_steps_max.
 RL_STEPS_WINDOW = 10
-
-
-def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool:
-    """Whether the critic trails the replay by more than `critic_lag` after the random phase, the
-    condition under which the scheduler holds new jobs (and `run`'s progress line says so)."""
-    return bool(cfg.critic_lag) and steps >= cfg.initial_steps and steps - critic_steps > cfg.critic_lag
 
 
 def uses_rl(cfg: RunConfig) -> bool:
@@ -104,26 +94,8 @@ class AesrlOptimizer(OwnsDistribution):
         self.told = 0  # results passed to the distribution
         self.last_p: dict[str, float] = {}
         self._sigma: tuple[int, float, float, float] | None = None  # (version, mean, min, max) of sqrt(var)
-        self._critic_wait_since: float | None = None  # a clock value (not state: it restarts with the process)
-        self._warned_no_critic = -math.inf
-        # holding jobs for a critic that trails the replay: (since, critic steps then) on the clock
-        self._lag_wait: tuple[float, int] | None = None
-        self._lag_holding = False  # the last ask held jobs for it (a stalled critic no longer does)
-        self._critic_problem: tuple[str, float] | None = None  # what `critic_problem` reports
 
     # -- what the loop reads ---------------------------------------------------------------------
-    @property
-    def waiting(self) -> bool:
-        """Holding jobs back for something outside (the first critic): poll often."""
-        return self._critic_wait_since is not None or self._lag_holding
-
-    @property
-    def critic_problem(self) -> tuple[str, float] | None:
-        """(which problem, critic_wait) while the run lacks a critic, as of the last `ask`: none has
-        published NO_CRITIC_AFTER·critic_wait after the random phase, or the critic stopped training
-        for critic_wait; None once a critic publishes (or trains again). The loop says what it means."""
-        return self._critic_problem
-
     def done(self, steps: int) -> bool:
         return steps >= self.cfg.total_steps
 
@@ -139,53 +111,29 @@ class AesrlOptimizer(OwnsDistribution):
         return out
 
     # -- ask -------------------------------------------------------------------------------------
-    def ask(self, n: int, steps: int, inflight: int, critic_version: int, now: float,
-            critic_steps: int = 0) -> list[JobSpec]:
-        """Up to `n` new jobs, given the stored steps, the jobs in flight, the critic's version and a
-        monotonic clock. Fewer (or none) near the end of the budget or while waiting for a critic."""
-        cfg = self.cfg
-        if n <= 0:
-            return []
-        # Do not start jobs whose episodes would certainly overshoot the budget. Before any episode
-        # is known, assume full-length ones.
+    def job_steps(self) -> float:
+        """The steps one job is expected to store: its episodes at the recent mean length (before any
+        episode is known, full-length ones)."""
         mean_len = ((sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens
-                    else max(1, cfg.max_episode_steps))
-        job_steps = mean_len * self.episodes_per_job
-        if steps + inflight * job_steps >= cfg.total_steps:
-            return []
-        n = min(n, math.ceil((cfg.total_steps - steps) / job_steps - inflight))
-        rl_ready = self.rl and critic_version > 0
-        if rl_ready:
-            self._critic_wait_since = None
-            self._critic_problem = None
-        # A critic cannot train before the replay holds a batch: never wait for one before that,
-        # even when the random phase is shorter (initial_steps 0 would otherwise wait critic_wait).
-        elif self.rl and steps >= max(cfg.initial_steps, cfg.batch_size):
-            # The random phase is over but no critic exists yet: hold new jobs for a while rather
-            # than spend the budget on ES alone (a critic daemon needs seconds to start and train).
-            if self._critic_wait_since is None:
-                self._critic_wait_since = now
-                log.info("run %s: initial phase over; waiting up to %.0fs for the first critic", cfg.run_id,
-                         cfg.critic_wait)
-            waited = now - self._critic_wait_since
-            if waited < cfg.critic_wait:
-                if waited >= NO_CRITIC_AFTER * cfg.critic_wait:
-                    self._critic_problem = (NO_CRITIC_WAITING, cfg.critic_wait)
-                return []
-            self._critic_problem = (NO_CRITIC_GAVE_UP, cfg.critic_wait)
-            if now - self._warned_no_critic > 60:
-                self._warned_no_critic = now
-                log.warning("run %s: %d steps stored but no critic published yet; dispatching ES jobs meanwhile",
-                            cfg.run_id, steps)
-        self._lag_holding = rl_ready and self._critic_behind(steps, critic_steps, now)
-        if self._lag_holding:
-            return []
-        room = cfg.critic_lag - (steps - critic_steps)
-        if rl_ready and cfg.critic_lag and steps >= cfg.initial_steps and room >= 0:
-            # within critic_lag: one job, or as many as the room left holds, so that the gate does not
-            # open to a burst of jobs (2 per worker) drawn from one μ that overshoot the lag together (a
-            # stopped critic, which no longer holds the run with room < 0, caps nothing)
-            n = min(n, max(1, math.ceil(room / job_steps)))
+                    else max(1, self.cfg.max_episode_steps))
+        return mean_len * self.episodes_per_job
+
+    def room(self, n: int, steps: int, inflight: int) -> int:
+        """How many of `n` new jobs the budget has room for, given the stored steps and the jobs in
+        flight: none whose episodes would certainly overshoot it."""
+        cfg = self.cfg
+        job_steps = self.job_steps()
+        if n <= 0 or steps + inflight * job_steps >= cfg.total_steps:
+            return 0
+        return min(n, math.ceil((cfg.total_steps - steps) / job_steps - inflight))
+
+    def ask(self, n: int, steps: int, inflight: int, rl: bool) -> list[JobSpec]:
+        """Up to `n` new jobs (fewer near the end of the budget), given the stored steps and the jobs
+        in flight; the P controller tags each RL or ES when `rl` (the loop's critic gate says a critic
+        is ready: scheduler/critic_gate.py), else all are ES."""
+        cfg = self.cfg
+        n = self.room(n, steps, inflight)
+        rl = rl and self.rl
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
         rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps)
@@ -194,34 +142,10 @@ class AesrlOptimizer(OwnsDistribution):
             seed = job_seed(cfg.seed, self.dispatched)
             # No critic yet: ES only, and uncounted, so the controller does not start with a backlog
             # of ES dispatches that it would then repay with a burst of RL jobs.
-            kind = self.controller.choose(steps, random.Random(seed).random()) if rl_ready else "es"
+            kind = self.controller.choose(steps, random.Random(seed).random()) if rl else "es"
             specs.append({"kind": kind, "version": self.version, "seed": seed, "n": self.dispatched,
                           "rl_steps": rl_steps if kind == "rl" else 0, "random": random_phase})
         return specs
-
-    def _critic_behind(self, steps: int, critic_steps: int, now: float) -> bool:
-        """Whether to hold new jobs because the critic trails the stored steps by more than `critic_lag`.
-
-        Only after the random phase, and only while the critic moves: a critic that has not trained
-        a step for `critic_wait` seconds (a daemon stopped or lost) no longer holds the run."""
-        cfg = self.cfg
-        if not critic_too_far_behind(cfg, steps, critic_steps):
-            self._lag_wait = None
-            return False
-        if self._lag_wait is None or critic_steps > self._lag_wait[1]:
-            if self._lag_wait is None:
-                log.debug("run %s: critic %d steps behind the replay; holding new jobs", cfg.run_id,
-                          steps - critic_steps)
-            self._lag_wait = (now, critic_steps)
-            return True
-        if now - self._lag_wait[0] < cfg.critic_wait:
-            return True
-        self._critic_problem = (CRITIC_STALLED, cfg.critic_wait)
-        if now - self._warned_no_critic > 60:
-            self._warned_no_critic = now
-            log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps; "
-                        "dispatching meanwhile", cfg.run_id, now - self._lag_wait[0], steps - critic_steps)
-        return False
 
     # -- tell ------------------------------------------------------------------------------------
     def tell(self, ind: Individual, fit: Fitness, ref: Reference) -> Update:

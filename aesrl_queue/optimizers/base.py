@@ -17,20 +17,6 @@ import numpy as np
 JobSpec = dict[str, Any]
 
 
-# A critic daemon that runs publishes its first weights seconds after the replay holds a batch (its
-# first chunk of training), so a run that has waited a quarter of critic_wait for one (30 s of the
-# default 120 s) most likely has none: that is when `critic_problem` names it.
-NO_CRITIC_AFTER = 0.25
-
-# What `critic_problem` reports, with the seconds of critic_wait: scheduler/problems.py says what
-# each means and how to start a critic.
-NO_CRITIC_WAITING = "no critic, waiting"  # jobs are held for critic_wait
-NO_CRITIC_GAVE_UP = "no critic, going on"  # the run goes on with ES alone until a critic publishes
-CRITIC_STALLED = "critic stalled"  # no trained step for critic_wait: jobs go out without waiting
-GENERATION_WAITING = "no critic for the generation, waiting"  # its RL members are held
-GENERATION_GAVE_UP = "no critic for the generation, going on"  # its RL members run untrained
-
-
 def job_seed(run_seed: int, n: int) -> int:
     """The seed of the n-th job of a run: fixed by (run seed, n), so a restart re-derives it."""
     digest = hashlib.sha256(f"{run_seed}:{n}".encode()).digest()
