@@ -600,3 +600,18 @@ def test_rl_gaps_never_set_the_fitness_scale() -> None:
     assert tell_rl(opt, specs[10], -900.0, 1000.0).history["p"] == 0.0
     assert opt.dist.r == pytest.approx(1.4826)  # the falling RL individual did not widen it
     assert tell_rl(opt, specs[11], 40.0, 1000.0).history["p"] > 0.95
+
+
+def test_optimizers_know_numbers_only_ask_and_tell_have_the_pycma_shape() -> None:
+    """ask takes the free slots, the stored steps, the jobs in flight and whether RL jobs may be made;
+    tell takes (individual, fitness, reference). No clock and no critic progress reach an optimizer:
+    critic gating is the loop's (scheduler/critic_gate.py)."""
+    import inspect
+    from pathlib import Path
+
+    for cls in (AesrlOptimizer, CemOptimizer):
+        assert list(inspect.signature(cls.ask).parameters) == ["self", "n", "steps", "inflight", "rl"]
+        assert list(inspect.signature(cls.tell).parameters) == ["self", "ind", "fit", "ref"]
+    src = "".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "aesrl_queue/optimizers").glob("*.py"))
+    for word in ("critic_wait", "critic_version", "critic_steps", "monotonic", "time.time"):
+        assert word not in src, word

@@ -15,7 +15,6 @@ phase (random-action results are not told when r adapts), and the best individua
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from collections import deque
@@ -38,8 +37,6 @@ from aesrl_queue.optimizers.base import (
     finite,
     job_seed,
 )
-
-log = logging.getLogger(__name__)
 
 # An RL job trains as many actor steps as the last 10 evaluated episodes stored (the paper's window),
 # at most rl_steps_max.
