@@ -425,7 +425,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
         # Fitness near f(μ): with r = 2000, p ≈ 0.5 so every apply moves μ (the expensive path).
         store.append_result(es_result_fields(cfg, job, version, seed, float(1000 + 50 * rng.standard_normal()),
                                              1000.0, 1000, steps=1000 * n), extra_interactions=1000)
-        [(entry_id, res, err)] = sched.results.read(sched.last_id, None)
+        [(entry_id, fields)] = sched.results.read(sched.last_id, None)
         # A real job runs for milliseconds to seconds, long enough for the scheduler's background
         # thread to finish ε of its seed (noise_ahead); here the result is immediate, so wait for it.
         sched.inflight.noise.wait(job)
@@ -433,7 +433,7 @@ def bench_apply(client: redis.Redis, blocking: redis.Redis, label: str, hidden: 
             timer.active = True
         c = time.thread_time()
         t = time.perf_counter()
-        sched.apply([(entry_id, res, err)], refill=False)
+        sched.apply([(entry_id, fields)], refill=False)
         dt = time.perf_counter() - t
         cpu_times.append(time.thread_time() - c)
         if timer is not None:

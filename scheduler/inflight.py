@@ -57,10 +57,9 @@ class InFlight(Mapping):
     def settle(self, job: str, seed: int) -> tuple[dict[str, Any], np.ndarray | None] | None:
         """A job reported: (its entry, its ε if computed ahead for `seed`), out of memory at once (a second
         result of it is then stale); None when it is not in flight. Its Redis entry goes with the commit."""
-        info = self.jobs.pop(job, None)
-        if info is None:
+        if job not in self.jobs:
             return None
-        return info, self.noise.take(job, seed)
+        return self.jobs.pop(job), self.noise.take(job, seed)
 
     def note_duration(self, kind: str, seconds: float) -> None:
         """How long a job that was told took (its kind's deadline follows the longest of the last 50)."""

@@ -45,7 +45,7 @@ from scheduler.critic_gate import make_gate
 from scheduler.dispatch import Dispatcher
 from scheduler.dists import DistCache
 from scheduler.inflight import InFlight
-from scheduler.results import ResultReader, individual
+from scheduler.results import ResultReader, decode, individual
 
 log = logging.getLogger(__name__)
 
@@ -223,12 +223,12 @@ class Scheduler:
                 block = max(1, min(block, math.ceil(1e3 * (self._next_publish() - self.clock()))))
             self.apply(self.results.read(self.last_id, block), refill=draining_since is None)
 
-    def apply(self, batch: list[tuple[str, Result | None, str]], refill: bool = True) -> None:
+    def apply(self, batch: list[tuple[str, dict]], refill: bool = True) -> None:
         """Tell the batch's results in stream order; then commit (see _commit), unless that would
         publish a new version sooner than 1/publish_hz after the last one: then only refill the
         slots the batch freed (see _refill), and the commit waits for a later read."""
-        for entry_id, res, err in batch:
-            self._tell(entry_id, res, err)
+        for entry_id, fields in batch:
+            self._tell(entry_id, fields)
             self.pending.results += 1
             self.last_id = entry_id
         if self.opt.version == self.published or self.clock() >= self._next_publish():
@@ -311,11 +311,14 @@ class Scheduler:
         pipe.execute()
 
     # -- one result --------------------------------------------------------------------------------
-    def _tell(self, entry_id: str, res: Result | None, err: str) -> None:
-        """Check one result, rebuild its individual and tell it; every entry is consumed exactly once.
+    def _tell(self, entry_id: str, fields: dict) -> None:
+        """Decode one stream entry, check it, rebuild its individual and tell it; every entry is consumed
+        exactly once.
 
-        Straight down: the verdict on the entry, the job's in-flight entry taken (`InFlight.settle`),
-        the tell, and what it asks to be written held in `self.pending` for the next commit."""
+        Straight down: the entry decoded, the verdict on it, the job's in-flight entry taken
+        (`InFlight.settle`), the tell, and what it asks to be written held in `self.pending` for the
+        next commit."""
+        res, err = decode(entry_id, fields)
         ours = res is not None and res.job in self.inflight
         if ours:  # the circuit breaker counts what our jobs report
             self._breaker_hears(res)

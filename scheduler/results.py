@@ -1,4 +1,5 @@
-"""Reading results: the stream entries workers append, decoded, and the individual each one stands for."""
+"""Reading results: the stream entries workers append, each decoded where it is told (`decode`), and
+the individual each one stands for (`individual`)."""
 
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ class ResultReader:
         self.store = store
         self.rb = blocking_client
 
-    def read(self, after: str, block_ms: int | None, count: int = 200) -> list[tuple[str, Result | None, str]]:
-        """(entry id, decoded result or None, error) for up to `count` entries after `after`."""
-        out = []
-        for entry_id, fields in self.store.read_stream("results", after, count=count, block_ms=block_ms,
-                                                         client=self.rb):
-            try:
-                out.append((entry_id, decode_result(entry_id, fields), ""))
-            except CodecError as exc:
-                out.append((entry_id, None, str(exc)))
-        return out
+    def read(self, after: str, block_ms: int | None, count: int = 200) -> list[tuple[str, dict]]:
+        """(entry id, raw fields) of up to `count` entries after `after`, as XREAD gives them (no block
+        when `block_ms` is None)."""
+        return self.store.read_stream("results", after, count=count, block_ms=block_ms, client=self.rb)
+
+
+def decode(entry_id: str, fields: dict) -> tuple[Result | None, str]:
+    """(the result, "") of a stream entry, or (None, why) when it is malformed."""
+    try:
+        return decode_result(entry_id, fields), ""
+    except CodecError as exc:
+        return None, str(exc)
 
 
 def individual(res: Result, eps: np.ndarray | None, dists: DistCache, store: Store) -> noise.Individual:

@@ -128,7 +128,7 @@ def _trace(redis_url: str, case: str) -> list[dict]:
         for name in WORKERS:
             worker_beat(client, name, {"host": "golden", "pid": 0})
         batch = sched.results.read(sched.last_id, 10)
-        assert [e for e, _r, _err in batch] == [entry]
+        assert [e for e, _fields in batch] == [entry]
         sched.apply(batch)
         state = store.state()
         out.append({"result": i, "kind": job_info["kind"], "job_version": job_info["version"],
