@@ -384,6 +384,12 @@ class RunConfig:
         return self.r if isinstance(self.r, str) else float(self.r)
 
 
+def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool:
+    """Whether the critic trails the replay by more than `critic_lag` after the random phase, the
+    condition under which the scheduler holds new jobs (and `run`'s progress line says so)."""
+    return bool(cfg.critic_lag) and steps >= cfg.initial_steps and steps - critic_steps > cfg.critic_lag
+
+
 def parse_sizes(name: str, text: str) -> tuple[int, ...]:
     """Layer sizes from "400,300" (or "400x300"); ConfigError naming `name` otherwise."""
     try:

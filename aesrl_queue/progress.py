@@ -100,7 +100,7 @@ class Phase:
         if trains_critic(cfg) and st.get("critic_version", 0):
             self.critic_wait_since = None
             from aesrl_queue.algorithms import algorithm
-            from aesrl_queue.optimizers.aesrl import critic_too_far_behind
+            from aesrl_queue.config import critic_too_far_behind
 
             critic_steps = int(st.get("critic_steps") or 0)
             # Only the asynchronous loops hold jobs for it; the synchronous ones ask for critic steps.

@@ -59,7 +59,7 @@ from scheduler.loop import Scheduler
 log = logging.getLogger(__name__)
 
 VIRTUAL_FILE = "virtual.json"
-# The scheduler loop's waits where nothing arrives (scheduler/loop.py `_loop`): 50 ms while the optimizer
+# The scheduler loop's waits where nothing arrives (scheduler/loop.py `_loop`): 50 ms while its critic gate
 # holds jobs for something outside (a critic), else 500 ms.
 POLL_WAITING_S = 0.05
 POLL_S = 0.5
@@ -177,10 +177,10 @@ class VirtualScheduler(Scheduler):
 
     def setup(self) -> None:
         super().setup()
-        d = self.dispatch
-        d.queues = {kind: _HeldQueue(kind, self.dispatched) for kind in ("rl", "es")}
-        d.target_inflight = lambda: self.slots
-        d.find_lost = lambda every=1.0: []
+        self.dispatch.queues = {kind: _HeldQueue(kind, self.dispatched) for kind in ("rl", "es")}
+        self.dispatch.slots = lambda: self.slots
+        self.breaker.limit = lambda target, inflight: target
+        self.inflight.find_lost = lambda live_workers, every=1.0: []
 
     def _counters(self, max_age: float = 1.0) -> dict[str, int]:
         return super()._counters(max_age=-math.inf)
@@ -378,13 +378,13 @@ class VirtualRun:
                 # a new version waits for its publication slot: the loop wakes then, as the real one does
                 commits.add(sched._next_publish())
                 self._push(sched._next_publish(), "commit")
-            if poll_at[0] is None and not draining and len(sched.dispatch.inflight) < self._slots:
+            if poll_at[0] is None and not draining and len(sched.inflight) < self._slots:
                 # free slots: the loop looks again after its read's timeout, as the real one does
-                poll_at[0] = self.now + (POLL_WAITING_S if sched.opt.waiting else POLL_S)
+                poll_at[0] = self.now + (POLL_WAITING_S if sched.gate.waiting else POLL_S)
                 self._push(poll_at[0], "poll")
             if not self._heap:  # a loop with free slots always has a poll ahead: only a drained run ends here
                 raise VirtualRunError(f"nothing left to happen at virtual {self.now:.3f} s with "
-                                      f"{len(sched.dispatch.inflight)} jobs in flight")
+                                      f"{len(sched.inflight)} jobs in flight")
             t, _, _, kind, payload = heapq.heappop(self._heap)
             self.now = t
             self.events += 1
@@ -409,7 +409,7 @@ class VirtualRun:
                 failures = failures + 1 if held.failed else 0
                 if failures > max(20, 2 * self._slots):
                     raise VirtualRunError(f"{failures} jobs in a row failed; the last: {held.failed}")
-                sched.apply(sched.dispatch.read(sched.last_id, None, client), refill=not draining)
+                sched.apply(sched.results.read(sched.last_id, None), refill=not draining)
             else:  # commit, poll: what the loop does when its read times out
                 sched.apply([], refill=not draining)
             dispatched()
@@ -418,7 +418,7 @@ class VirtualRun:
             if not draining and sched.opt.done(sched._counters()["steps"]):
                 draining = True
                 store.set_state(status="draining")
-            if draining and not sched.dispatch.inflight:
+            if draining and not sched.inflight:
                 break
             if time.monotonic() - said >= self.progress_every:
                 said = time.monotonic()

@@ -125,7 +125,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
                 worker_beat(client, f"w{i}", {"host": "bench", "pid": 0})
             beat_s += main_thread_cpu_s(redis_pid) - beat0
             beats += workers
-            jobs = [j for j, i in sched.dispatch.inflight.items() if i["kind"] == "es"][:batch]
+            jobs = [j for j, i in sched.inflight.items() if i["kind"] == "es"][:batch]
             warm = done >= batch * 2  # two rounds of warm-up
             start = commandstats(client) if warm else None  # the workers' start and finish scripts included
             cpu0, wall0 = main_thread_cpu_s(redis_pid), time.monotonic()
@@ -133,20 +133,20 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
                 got = store.start_job(job, info)
                 if not relays:
                     store.dist_blobs(int(got[0]))  # a host without a relay reads μ/var from the primary
-                fields = {"job": job, "kind": "es", "version": int(got[0]), "seed": int(sched.dispatch.inflight[job]["seed"]),
+                fields = {"job": job, "kind": "es", "version": int(got[0]), "seed": int(sched.inflight[job]["seed"]),
                           "worker": "w0", "spec_hash": cfg.spec_hash, "status": "ok", "fitness": float(rng.standard_normal()),
                           "len": EP_LEN, "f_mu": float(rng.standard_normal()), "f_mu_version": int(got[0]), "ind": "",
                           "eval_steps": 0, "duration": 1.0}
                 store.finish_job(ep, job, fields, keep=keep)  # as a worker of this run does
             for job in jobs:  # the ε the loop computes ahead while the jobs run (they ran above)
-                sched.dispatch.noise_ahead.wait(job)
+                sched.inflight.noise.wait(job)
             t_thread, t_proc = time.thread_time(), time.process_time()
             if prof and warm:
                 prof.enable()
             now[0] += 1.0
             got = []
             while len(got) < len(jobs):  # the round's results, `per_read` per XREAD (all at once when 0)
-                part = sched.dispatch.read(sched.last_id, 10, sched.rb, count=per_read or 200)
+                part = sched.results.read(sched.last_id, 10, count=per_read or 200)
                 if not part:
                     break
                 sched.apply(part)
@@ -187,7 +187,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     finally:  # the relays stop and their files go, also when a round fails
         stop_all(((f"relay-{i}", proc) for i, proc in enumerate(hosts)), grace=10.0)
         shutil.rmtree(folder, ignore_errors=True)
-    sched.dispatch.noise_ahead.close()
+    sched.inflight.close()
     out = {"algo": algo, "batch": batch, "per_read": per_read, "results": n, "dim": cfg.actor_dim,
            "loop_ms_per_result": 1e3 * loop_s / n, "eps_ms_per_result": eps_ms,
            "redis_ms_per_result": sum(v[1] for v in redis_by.values()),

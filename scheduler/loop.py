@@ -29,8 +29,10 @@ from aesrl_queue.nets import init_actor_params
 from aesrl_queue.optimizers import (
     ASYNC_ALGOS,
     QUEUE_ALGOS,
-    Evaluated,
+    Fitness,
+    Individual,
     OptimizerFailed,
+    Reference,
     Update,
     load_optimizer,
     make_optimizer,
@@ -38,7 +40,12 @@ from aesrl_queue.optimizers import (
 )
 from aesrl_queue.optimizers.base import finite
 from aesrl_queue.store import Result, Store
-from scheduler.dispatch import Dispatcher, DistCache
+from scheduler.breaker import FailureBreaker
+from scheduler.critic_gate import make_gate
+from scheduler.dispatch import Dispatcher
+from scheduler.dists import DistCache
+from scheduler.inflight import InFlight
+from scheduler.results import ResultReader, decode, individual
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,17 @@ class _Pending:
         self.best: dict[str, Any] | None = None  # only the last best of a commit is kept
         self.moved: Update | None = None  # the last update that made a new version
 
+    def note(self, update: Update | None) -> None:
+        """Hold what one tell (or a lost job) asks to be written: its history entry, a new best, a new version."""
+        if update is None:
+            return
+        if update.moved:
+            self.moved = update
+        if update.history is not None:
+            self.history.append(update.history)
+        if update.best is not None:
+            self.best = update.best
+
 
 class Scheduler:
     """One run of a queue algorithm. `run()` returns "finished", "stopped" or "failed"."""
@@ -83,7 +101,7 @@ class Scheduler:
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: publish after every read, however fast results come
-        self.clock = time.monotonic  # paces publications, times the critic wait (tests, virtual.py)
+        self.clock = time.monotonic  # paces publications, times the critic gate's waits (tests, virtual.py)
         # Whether free slots are refilled between commits. Only where ask and tell change disjoint parts
         # of the optimizer's state (the asynchronous optimizer: ask numbers and tags jobs, tell moves the
         # distribution), so that the refill can save the state last committed with what asks changed
@@ -124,10 +142,15 @@ class Scheduler:
         if saved is not None:
             log.info("run %s: resumed at version %d, %d steps stored, %d results applied", cfg.run_id,
                      self.opt.version, state["steps"], state["results_applied"])
-        self.dispatch = Dispatcher(self.r, store, cfg)
+        queues = {kind: Dispatcher.queue_key(kind) for kind in ("rl", "es")}
+        self.inflight = InFlight(self.r, store, cfg, queues)  # the one record of the jobs in flight
+        self.dispatch = Dispatcher(self.r, cfg, self.inflight)
+        self.results = ResultReader(store, self.rb)
+        self.breaker = FailureBreaker(store)
+        self.gate = make_gate(cfg, self.opt)  # when RL jobs may be asked for; its clocks restart with the process
         # What a synchronous generation needs back: members whose job was forgotten run again, and
         # the trained parameters of RL members that already returned come from their stored individuals.
-        self.opt.reconcile(set(self.dispatch.inflight))
+        self.opt.reconcile(set(self.inflight))
         for job, member in self.opt.needs_individuals().items():
             try:
                 z = store.get_individual(job)
@@ -162,12 +185,12 @@ class Scheduler:
                 # Redis was away for longer than the clients' own retries. This process may hold
                 # state that never reached Redis (a write that did not land): wait, then carry on
                 # from what Redis holds, exactly as a restarted scheduler does.
-                self.dispatch.noise_ahead.close()
+                self.inflight.close()
                 if not wait_until_reachable(self.r, f"scheduler of run {self.cfg.run_id}", exc, self.stop_event):
                     return "stopped"
                 self.setup()
             except OptimizerFailed as exc:
-                self.dispatch.noise_ahead.close()
+                self.inflight.close()
                 log.error("%s; see the failed results (`aesrl-queue status`)", exc)
                 self.store.set_state(status="failed", updated_at=time.time())
                 return "failed"
@@ -179,7 +202,7 @@ class Scheduler:
         while True:
             if self.stop_event.is_set():
                 self._flush()
-                self.dispatch.noise_ahead.close()
+                self.inflight.close()
                 self.store.set_state(status="stopped", updated_at=time.time())
                 log.info("run %s: stopped on request; in-flight jobs stay registered for a restart", cfg.run_id)
                 return "stopped"
@@ -188,27 +211,25 @@ class Scheduler:
                 draining_since = time.monotonic()
                 self.store.set_state(status="draining", updated_at=time.time())
                 log.info("run %s: budget of %d steps reached; draining %d jobs", cfg.run_id, cfg.total_steps,
-                         len(self.dispatch.inflight))
-            if draining_since is not None and (not self.dispatch.inflight or time.monotonic() - draining_since
-                                               > (self.drain_timeout or self.dispatch.deadline("rl"))):
+                         len(self.inflight))
+            if draining_since is not None and (not self.inflight or time.monotonic() - draining_since
+                                               > (self.drain_timeout or self.inflight.deadline("rl"))):
                 return self._finish()
             # Block long only while results are due and the optimizer waits for nothing else.
-            block = 500 if self.dispatch.inflight and not self.opt.waiting else 50
+            block = 500 if self.inflight and not self.gate.waiting else 50
             if first:
                 block, first = 1, False
             if self.opt.version != self.published:  # a held version: wake up when it may be published
                 block = max(1, min(block, math.ceil(1e3 * (self._next_publish() - self.clock()))))
-            batch = self.dispatch.read(self.last_id, block, self.rb)
-            self.apply(batch, refill=draining_since is None)
+            self.apply(self.results.read(self.last_id, block), refill=draining_since is None)
 
-    def apply(self, batch: list[tuple[str, Result | None, str]], refill: bool = True) -> None:
+    def apply(self, batch: list[tuple[str, dict]], refill: bool = True) -> None:
         """Tell the batch's results in stream order; then commit (see _commit), unless that would
         publish a new version sooner than 1/publish_hz after the last one: then only refill the
         slots the batch freed (see _refill), and the commit waits for a later read."""
-        pending = self.pending
-        for entry_id, res, err in batch:
-            self._note(self._tell(entry_id, res, err, pending.forget, pending.incr))
-            pending.results += 1
+        for entry_id, fields in batch:
+            self._tell(entry_id, fields)
+            self.pending.results += 1
             self.last_id = entry_id
         if self.opt.version == self.published or self.clock() >= self._next_publish():
             self._commit(refill)
@@ -229,13 +250,16 @@ class Scheduler:
         since the last commit, and a restart tells all of them again)."""
         store, opt, pending = self.store, self.opt, self.pending
         published = self.published
-        for job, why in self.dispatch.find_lost() if lost else ():
+        for job, why, failure in self.inflight.find_lost(self.dispatch.workers) if lost else ():
+            if failure:
+                self.breaker.failure(failure, len(self.dispatch.workers()), self.inflight[job].get("kind", ""))
             log.warning("run %s: job %s lost (%s); it is asked again", self.cfg.run_id, job, why)
-            self._done(job, pending.forget)
+            self.inflight.release([job])
+            pending.forget.append(job)
             pending.incr["replaced"] += 1
-            self._note(opt.lost(job, retry=True))
+            pending.note(opt.lost(job, retry=True))
         specs = self._ask() if refill else []
-        self.dispatch.breaker.line.critic(opt.critic_problem)  # a missing critic, with the command to start one
+        self.breaker.line.critic(self.gate.problem)  # a missing critic, with the command to start one
         fields = opt.fields()
         if not (pending.results or pending.forget or specs or self.to_delete or not _same(fields, self.written)):
             return
@@ -287,81 +311,76 @@ class Scheduler:
         pipe.execute()
 
     # -- one result --------------------------------------------------------------------------------
-    def _tell(self, entry_id: str, res: Result | None, err: str, forget: list[str],
-              incr: collections.Counter) -> Update | None:
-        """Check one result, rebuild its individual and tell it; every entry is consumed exactly once."""
-        cfg = self.cfg
+    def _tell(self, entry_id: str, fields: dict) -> None:
+        """Decode one stream entry, check it, rebuild its individual and tell it; every entry is consumed
+        exactly once.
 
-        def skip(counter: str, job: str | None, why: str, retry: bool = True) -> Update | None:
-            incr[counter] += 1
-            log.warning("run %s: %s", cfg.run_id, why)
-            if job is None:
-                return None
-            self._done(job, forget)
-            return self.opt.lost(job, retry)
+        Straight down: the entry decoded, the verdict on it, the job's in-flight entry taken
+        (`InFlight.settle`), the tell, and what it asks to be written held in `self.pending` for the
+        next commit."""
+        res, err = decode(entry_id, fields)
+        ours = res is not None and res.job in self.inflight
+        if ours:  # the circuit breaker counts what our jobs report
+            self._breaker_hears(res)
+        why = refusal(entry_id, res, err, ours, self.dispatch.spec_hash)
+        if why is None:
+            info, eps = self.inflight.settle(res.job, res.seed)
+            try:
+                update = self.opt.tell(*self._evaluated(res, info, individual(res, eps, self.dists, self.store)))
+            except CodecError as exc:
+                why = ("rejected", f"individual of {res.job} unusable: {exc}", True)
+            except ValueError as exc:
+                why = ("rejected", f"tell rejected {res.job}: {exc}", True)
+        if why is None:
+            self._told(res, info, update)
+        else:
+            self._refuse(res.job if ours else None, *why)
 
-        if res is None:
-            return skip("rejected", None, f"malformed result {entry_id} rejected: {err}")
-        if res.job not in self.dispatch.inflight:
-            return skip("stale", None, f"result of {res.job} ({res.kind}) is not in flight (replaced or from an "
-                        "earlier run); dropped")
-        if not res.ok:
-            return skip("failed", res.job, f"job {res.job} failed on {res.worker}: "
-                        f"{res.error.splitlines()[0] if res.error else '?'}")
-        if res.spec_hash != self.dispatch.spec_hash:
-            return skip("rejected", res.job, f"result of {res.job} has spec_hash {res.spec_hash}, the run has "
-                        f"{self.dispatch.spec_hash}; rejected", retry=False)
-        if not finite(res.fitness) or res.length <= 0:
-            return skip("rejected", res.job, f"result of {res.job} has fitness {res.fitness} and length "
-                        f"{res.length}; rejected", retry=False)
-        try:
-            individual = self.dispatch.individual(res, self.dists)
-        except CodecError as exc:
-            return skip("rejected", res.job, f"individual of {res.job} unusable: {exc}")
-        self.dispatch.note_duration(res.kind, res.duration)
-        info = self.dispatch.inflight[res.job]
-        # Results carry the counters after their episode was stored: no read per result.
-        if res.steps < 0:  # a worker that does not report them
-            self._counters(max_age=0.0)
-        self.counts["steps"] = max(self.counts["steps"], res.steps)
-        self.counts["interactions"] = max(self.counts["interactions"], res.interactions)
-        ev = Evaluated(job=res.job, kind=res.kind, version=res.version, z=individual.z, fitness=res.fitness,
-                       length=res.length, f_mu=res.f_mu, f_mu_version=res.f_mu_version,
-                       f_mu_length=res.eval_steps / max(1, cfg.mean_eval_episodes), steps=self.counts["steps"],
-                       interactions=self.counts["interactions"], random=bool(info.get("random", False)),
-                       mirror_z=individual.mirror, mirror_fitness=res.mirror_fitness,
-                       mirror_length=res.mirror_len, drawn_from=individual.mean)
-        try:
-            update = self.opt.tell(ev, now=time.time())
-        except ValueError as exc:
-            return skip("rejected", res.job, f"tell rejected {res.job}: {exc}")
-        if update.history is not None:  # what the job itself reported, beside what the optimizer made of it
-            update.history.update(worker=res.worker, duration=res.duration, rl_steps=int(info.get("rl_steps", 0)),
+    def _told(self, res: Result, info: dict[str, Any], update: Update) -> None:
+        """Hold what a told result asks to be written, with what the job itself reported beside what
+        the optimizer made of it; count it as applied."""
+        if update.history is not None:
+            update.history.update(t=time.time(), worker=res.worker, duration=res.duration,
+                                  rl_steps=int(info.get("rl_steps", 0)),
                                   dispatched_at=float(info.get("enqueued_at", 0.0)))
             if res.kind == "rl":
                 update.history["dist_after"] = res.dist_after
         if update.applied:
             self.applied["results_applied"] += 1
             self.applied[f"{res.kind}_applied"] += 1
-        self._done(res.job, forget)
-        return update
+        self.pending.forget.append(res.job)  # out of Redis with the commit's one HDEL per hash
+        self.pending.note(update)
 
-    def _done(self, job: str, forget: list[str]) -> None:
-        """A job is settled: out of memory at once (a second result of it in this batch is then
-        stale), out of Redis with the batch's one HDEL per hash."""
-        self.dispatch.release([job])
-        forget.append(job)
+    def _breaker_hears(self, res: Result) -> None:
+        if res.ok:
+            self.breaker.success(res.kind)
+        else:
+            self.breaker.failure(res.error or "unknown error", len(self.dispatch.workers(max_age=math.inf)), res.kind)
 
-    def _note(self, update: Update | None) -> None:
-        """Hold what one tell asks to be written (its history entry, a new best, a new version)."""
-        if update is None:
-            return
-        if update.moved:
-            self.pending.moved = update
-        if update.history is not None:
-            self.pending.history.append(update.history)
-        if update.best is not None:
-            self.pending.best = update.best
+    def _evaluated(self, res: Result, info: dict[str, Any], ind) -> tuple[Individual, Fitness, Reference]:
+        """What the optimizer is told of one checked result: (individual, fitness, reference). The run's
+        counters are updated from it."""
+        self.inflight.note_duration(res.kind, res.duration)
+        # Results carry the counters after their episode was stored: no read per result.
+        if res.steps < 0:  # a worker that does not report them
+            self._counters(max_age=0.0)
+        self.counts["steps"] = max(self.counts["steps"], res.steps)
+        self.counts["interactions"] = max(self.counts["interactions"], res.interactions)
+        return (Individual(job=res.job, kind=res.kind, version=res.version, z=ind.z, random=bool(info.get("random", False)),
+                           mirror_z=ind.mirror, drawn_from=ind.mean, steps=self.counts["steps"],
+                           interactions=self.counts["interactions"]),
+                Fitness(res.fitness, res.length, res.mirror_fitness, res.mirror_len),
+                Reference(res.f_mu, res.f_mu_version, res.eval_steps / max(1, self.cfg.mean_eval_episodes)))
+
+    def _refuse(self, job: str | None, counter: str, why: str, retry: bool) -> None:
+        """A result not told: counted and logged; its job, when it is ours, settled and asked again
+        (`retry`) or given up (the optimizer's `lost`)."""
+        self.pending.incr[counter] += 1
+        log.warning("run %s: %s", self.cfg.run_id, why)
+        if job is not None:
+            self.inflight.release([job])  # out of memory at once: a second result of it in this batch is stale
+            self.pending.forget.append(job)  # out of Redis with the commit's one HDEL per hash
+            self.pending.note(self.opt.lost(job, retry))
 
     def _record(self, pending: _Pending, pipe) -> None:
         """Queue the held history entries and best individual; cache the newest version's μ/σ (jobs
@@ -379,11 +398,11 @@ class Scheduler:
 
     # -- asking --------------------------------------------------------------------------------------
     def _ask(self) -> list[dict[str, Any]]:
-        counts = self._counters(max_age=0.05 if self.opt.waiting else 1.0)
-        want = self.dispatch.target_inflight() - len(self.dispatch.inflight)
-        return self.opt.ask(want, steps=counts["steps"], inflight=len(self.dispatch.inflight),
-                            critic_version=counts["critic_version"], critic_steps=counts["critic_steps"],
-                            now=self.clock())
+        """Jobs for the free slots: the critic gate asks the optimizer, RL jobs only once a critic is ready."""
+        counts = self._counters(max_age=0.05 if self.gate.waiting else 1.0)
+        want = self.breaker.limit(self.dispatch.slots(), len(self.inflight)) - len(self.inflight)
+        return self.gate.ask(want, counts["steps"], len(self.inflight), counts["critic_version"], counts["critic_steps"],
+                             self.clock())
 
     def _counters(self, max_age: float = 1.0) -> dict[str, int]:
         """Stored steps and the critic's progress: from the results seen, re-read at most every `max_age` s."""
@@ -410,11 +429,11 @@ class Scheduler:
 
     def _finish(self) -> str:
         self._flush()
-        left = list(self.dispatch.inflight)
-        self.dispatch.forget(left)
+        left = list(self.inflight)
+        self.inflight.forget(left)
         self.store.drop_dists(self.to_delete)
         self.to_delete = []
-        self.dispatch.noise_ahead.close()
+        self.inflight.close()
         self.store.set_state(status="finished", finished_at=time.time(), updated_at=time.time())
         log.info("run %s: finished at version %d (%d jobs abandoned at the end)", self.cfg.run_id, self.opt.version,
                  len(left))
@@ -430,6 +449,22 @@ def make_scheduler(client: redis.Redis, blocking_client: redis.Redis, cfg: RunCo
 
         return TD3Baseline(client, cfg, stop_event=stop_event, device=device)
     return Scheduler(client, blocking_client, cfg, stop_event=stop_event)
+
+
+def refusal(entry_id: str, res: Result | None, err: str, ours: bool, spec_hash: str) -> tuple[str, str, bool] | None:
+    """Why a stream entry is not told, as (counter, message, retry), or None when it is to be told:
+    malformed, not in flight (`ours`), failed, of other code (spec_hash), or not a finite return."""
+    if res is None:
+        return "rejected", f"malformed result {entry_id} rejected: {err}", True
+    if not ours:
+        return "stale", f"result of {res.job} ({res.kind}) is not in flight (replaced or from an earlier run); dropped", True
+    if not res.ok:
+        return "failed", f"job {res.job} failed on {res.worker}: {res.error.splitlines()[0] if res.error else '?'}", True
+    if res.spec_hash != spec_hash:
+        return "rejected", f"result of {res.job} has spec_hash {res.spec_hash}, the run has {spec_hash}; rejected", False
+    if not finite(res.fitness) or res.length <= 0:
+        return "rejected", f"result of {res.job} has fitness {res.fitness} and length {res.length}; rejected", False
+    return None
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -2,8 +2,8 @@
 `problem_hint` (a few words and the fix, for `run`'s progress line), which `status`, `status --watch`
 and the progress line show.
 
-Two sources feed it: failing jobs (FailureBreaker in scheduler/dispatch.py) and a missing or stalled
-critic (the optimizer's `critic_problem`). Failing jobs come first: while jobs fail, the critic waits
+Two sources feed it: failing jobs (FailureBreaker in scheduler/breaker.py) and a missing or stalled
+critic (the loop's critic gate, scheduler/critic_gate.py: its `problem`). Failing jobs come first: while jobs fail, the critic waits
 for episodes that never come. The line is written only when what it shows changes, and its first
 write replaces whatever an earlier scheduler of the run left there, its circuit breaker included.
 """
@@ -11,18 +11,18 @@ write replaces whatever an earlier scheduler of the run left there, its circuit 
 from __future__ import annotations
 
 from aesrl_queue.connection import client_url
-from aesrl_queue.optimizers.base import (
+from aesrl_queue.procs import start_critic_command
+from aesrl_queue.store import Store
+from scheduler.critic_gate import (
     CRITIC_STALLED,
     GENERATION_GAVE_UP,
     GENERATION_WAITING,
     NO_CRITIC_GAVE_UP,
     NO_CRITIC_WAITING,
 )
-from aesrl_queue.procs import start_critic_command
-from aesrl_queue.store import Store
 
 ORDER = ("jobs", "critic")  # the first source with something to say is shown
-# What each of the optimizers' `critic_problem`s means, (what is wrong, a few words); {wait} is critic_wait.
+# What each of the critic gate's `problem`s means, (what is wrong, a few words); {wait} is critic_wait.
 CRITIC_PROBLEMS = {
     NO_CRITIC_WAITING: ("no critic has published weights since the random phase ended: RL jobs are held for "
                         "critic_wait ({wait:.0f} s), then the run goes on with ES alone", "no critic"),
@@ -39,7 +39,7 @@ CRITIC_PROBLEMS = {
 
 
 def critic_line(problem: tuple[str, float]) -> tuple[str, str]:
-    """(what is wrong, a few words) of an optimizer's `critic_problem`."""
+    """(what is wrong, a few words) of the critic gate's `problem`."""
     what, short = CRITIC_PROBLEMS[problem[0]]
     return what.format(wait=problem[1]), short
 
@@ -60,7 +60,7 @@ class ProblemLine:
         self.flush()
 
     def critic(self, problem: tuple[str, float] | None) -> None:
-        """The optimizer's `critic_problem` (checked after every ask: cheap when unchanged), said in
+        """The critic gate's `problem` (checked after every ask: cheap when unchanged), said in
         words with the command that starts a critic daemon."""
         if problem == self._critic and self.shown is not None:
             return

@@ -67,19 +67,21 @@ def config(algo: str, env: str = ENV, **kw: Any):
 def optimizer_trace(algo: str, results: int = 40, env: str = ENV) -> list[dict[str, Any]]:
     """Tell `results` made-up results to a fresh optimizer of `algo` (its defaults on `env`)."""
     from aesrl_queue import noise
-    from aesrl_queue.optimizers import Evaluated, make_optimizer
+    from aesrl_queue.optimizers import Fitness, Individual, Reference, make_optimizer
+    from scheduler.critic_gate import make_gate
 
     cfg = config(algo, env=env, initial_steps=400)
     mu0 = np.linspace(-0.3, 0.3, cfg.actor_dim, dtype=np.float32)
     opt = make_optimizer(cfg, mu0)
+    gate = make_gate(cfg, opt)  # the loop's critic gating, as the scheduler asks
     rng = np.random.default_rng(17)
     trace: list[dict[str, Any]] = []
     steps, now, pending = 0, 0.0, []
     dists = {opt.version: (opt.mean.copy(), opt.var.copy())}
     while len(trace) < results:
         if not pending:
-            pending = list(opt.ask(4, steps=steps, inflight=0, critic_version=1, now=now,
-                                   critic_steps=steps + 10_000))
+            pending = list(gate.ask(4, steps=steps, inflight=0, critic_version=1, critic_steps=steps + 10_000,
+                                    now=now))
             if not pending:
                 now += 1000.0
                 continue
@@ -89,6 +91,7 @@ def optimizer_trace(algo: str, results: int = 40, env: str = ENV) -> list[dict[s
         fitness = float(-1000.0 + 8.0 * len(trace) + 150.0 * rng.standard_normal())
         f_mu = float(-1000.0 + 8.0 * len(trace) + 100.0 * rng.standard_normal())
         kw: dict[str, Any] = {}
+        fit = Fitness(fitness, length)
         if spec["kind"] == "rl":
             z = (mu + 0.05 * rng.standard_normal(mu.size)).astype(np.float32)
         else:
@@ -96,15 +99,13 @@ def optimizer_trace(algo: str, results: int = 40, env: str = ENV) -> list[dict[s
             ind = noise.rebuild(mu, spec["seed"], var=var, antithetic=antithetic)
             z, kw["drawn_from"] = ind.z, ind.mean
             if antithetic:
-                kw.update(mirror_z=ind.mirror, mirror_fitness=float(f_mu + 50.0 * rng.standard_normal()),
-                          mirror_length=length)
+                kw["mirror_z"] = ind.mirror
+                fit = Fitness(fitness, length, float(f_mu + 50.0 * rng.standard_normal()), length)
                 steps += length
         steps += length
-        ev = Evaluated(job=f"golden-{algo}-j{spec['n']}", kind=spec["kind"], version=spec["version"],
-                       z=z, fitness=fitness, length=length, f_mu=f_mu,
-                       f_mu_version=spec["version"], f_mu_length=float(length), steps=steps, interactions=steps,
-                       random=bool(spec.get("random", False)), **kw)
-        update = opt.tell(ev, now=float(len(trace)))
+        individual = Individual(job=f"golden-{algo}-j{spec['n']}", kind=spec["kind"], version=spec["version"],
+                                z=z, steps=steps, interactions=steps, random=bool(spec.get("random", False)), **kw)
+        update = opt.tell(individual, fit, Reference(f_mu, spec["version"], float(length)))
         dists.setdefault(opt.version, (opt.mean.copy(), opt.var.copy()))
         hist = update.history or {}
         trace.append({"job": spec["n"], "kind": spec["kind"], "version": opt.version, "p": num(hist.get("p", 0.0)),

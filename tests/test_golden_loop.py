@@ -81,7 +81,7 @@ def _trace(redis_url: str, case: str) -> list[dict]:
     out: list[dict] = []
 
     def take(worker: str) -> None:
-        waiting = [(info.get("kind") != "rl", int(info["n"]), job) for job, info in sched.dispatch.inflight.items()
+        waiting = [(info.get("kind") != "rl", int(info["n"]), job) for job, info in sched.inflight.items()
                    if job not in taken]
         if not waiting:
             running[worker] = None
@@ -90,7 +90,7 @@ def _trace(redis_url: str, case: str) -> list[dict]:
         taken.add(job)
         got = store.start_job(job, codec.pack({"worker": worker, "host": "golden", "pid": 0, "t": time.time()}))
         assert got, f"{job} was in flight but its start script refused it"
-        info = sched.dispatch.inflight[job]
+        info = sched.inflight[job]
         started[job] = {"version": int(got[0]), "mu": codec.decode_array(store.dist_blobs(int(got[0]))[0], size=cfg.actor_dim, what="mu"),
                         "kind": info["kind"], "seed": int(info["seed"]), "rl_steps": int(info.get("rl_steps", 0))}
         running[worker] = job
@@ -127,8 +127,8 @@ def _trace(redis_url: str, case: str) -> list[dict]:
         clock.t += RESULT_GAP_S
         for name in WORKERS:
             worker_beat(client, name, {"host": "golden", "pid": 0})
-        batch = sched.dispatch.read(sched.last_id, 10, sched.rb)
-        assert [e for e, _r, _err in batch] == [entry]
+        batch = sched.results.read(sched.last_id, 10)
+        assert [e for e, _fields in batch] == [entry]
         sched.apply(batch)
         state = store.state()
         out.append({"result": i, "kind": job_info["kind"], "job_version": job_info["version"],
@@ -137,7 +137,7 @@ def _trace(redis_url: str, case: str) -> list[dict]:
         for name in WORKERS:
             if running[name] is None:
                 take(name)
-    sched.dispatch.noise_ahead.close()
+    sched.inflight.close()
     client.close()
     return out
 

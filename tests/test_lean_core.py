@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from aesrl_queue.config import RunConfig, field_docs
-from aesrl_queue.optimizers.base import Evaluated
+from aesrl_queue.optimizers.base import Individual
 from aesrl_queue.store import Result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ def test_the_job_function_and_tell_read_in_one_screen() -> None:
 
 def test_result_evaluated_and_store_stay_small() -> None:
     assert len(dataclasses.fields(Result)) <= 20
-    assert len(dataclasses.fields(Evaluated)) <= 20
+    assert len(dataclasses.fields(Individual)) <= 20
     tree = ast.parse((ROOT / "aesrl_queue/store.py").read_text())
     store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
     assert sum(isinstance(n, ast.FunctionDef) for n in store.body) <= 45

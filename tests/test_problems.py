@@ -11,9 +11,9 @@ import time
 import pytest
 
 from aesrl_queue.connection import client_url, connect
-from aesrl_queue.optimizers.base import NO_CRITIC_WAITING
 from aesrl_queue.store import Store
-from scheduler.dispatch import FailureBreaker, failure_cause
+from scheduler.breaker import FailureBreaker, failure_cause
+from scheduler.critic_gate import NO_CRITIC_WAITING
 from tests.conftest import ROOT, child_env, wait_for
 from tests.faults import write_config
 from tests.raising_env import MESSAGE

@@ -16,7 +16,7 @@ from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.nets import init_actor_params
-from aesrl_queue.optimizers import ASYNC_ALGOS, Evaluated, make_optimizer
+from aesrl_queue.optimizers import ASYNC_ALGOS, Fitness, Individual, Reference, make_optimizer
 from aesrl_queue.store import Store, worker_beat
 from scheduler.loop import Scheduler, asked_state
 
@@ -51,7 +51,7 @@ def _results(client, cfg: RunConfig, sched: Scheduler, n: int) -> list[str]:
     store = Store(client, cfg.run_id)
     rng = np.random.default_rng(11)
     entries = []
-    for job, info in sorted(sched.dispatch.inflight.items(), key=lambda kv: int(kv[1]["n"]))[:n]:
+    for job, info in sorted(sched.inflight.items(), key=lambda kv: int(kv[1]["n"]))[:n]:
         got = store.start_job(job, codec.pack({"worker": "pacing-w", "host": "h", "pid": 0, "t": time.time()}))
         steps = (2 if cfg.es_antithetic else 1) * EPISODE_LEN
         ep = {"obs": np.zeros((steps, cfg.obs_dim), np.float32), "act": np.zeros((steps, cfg.act_dim), np.float32),
@@ -87,12 +87,12 @@ def test_fast_results_are_committed_together_at_the_paced_rate(redis_url, client
     sched.apply([])  # the first jobs
     before = _published(client, store)
     entries = _results(client, cfg, sched, 3)
-    sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))  # the first result commits at once
+    sched.apply(sched.results.read(sched.last_id, 10))  # the first result commits at once
     first = _published(client, store)
     assert first[2] == 3 and first[3] == entries[-1] and first[0] > before[0]
     more = _results(client, cfg, sched, 3)
     clock.t += 0.06  # within the pacing interval: told, not committed
-    sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))
+    sched.apply(sched.results.read(sched.last_id, 10))
     assert sched.last_id == more[-1] and sched.opt.version > first[0]
     assert _published(client, store) == first
     clock.t += 0.05
@@ -112,15 +112,15 @@ def test_a_scheduler_dying_before_its_commit_leaves_the_results_to_its_successor
         sched.apply([])
         sched.published_at = clock.t  # a version was just published: the next one is held
         _results(client, cfg, sched, 4)
-        sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))
+        sched.apply(sched.results.read(sched.last_id, 10))
         assert store.state()["results_applied"] == 0
         # the 4 freed slots are refilled before the commit (the first 4 stay listed: this test starts jobs
         # without taking them off RQ's queue)
         assert len(_queued(client, store)) == 8
         if crash:  # gone without its commit; a new scheduler resumes from what Redis holds
-            sched.dispatch.noise_ahead.close()
+            sched.inflight.close()
             sched, clock = _scheduler(redis_url, cfg, publish_hz=10.0)
-            batch = sched.dispatch.read(sched.last_id, 10, sched.rb)
+            batch = sched.results.read(sched.last_id, 10)
             assert len(batch) == 4
             sched.apply(batch)
         else:
@@ -129,11 +129,11 @@ def test_a_scheduler_dying_before_its_commit_leaves_the_results_to_its_successor
         # the refilled jobs report too: in flight for the successor as well, none stale
         clock.t += 0.2
         _results(client, cfg, sched, 4)
-        sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))
-        sched.dispatch.noise_ahead.close()
+        sched.apply(sched.results.read(sched.last_id, 10))
+        sched.inflight.close()
         state = store.state()
         # job numbers only: a successor that numbered its jobs from the last commit would reuse #5-#8
-        numbers = sorted(int(info["n"]) for info in sched.dispatch.inflight.values())
+        numbers = sorted(int(info["n"]) for info in sched.inflight.values())
         outcome[name] = (*_published(client, store)[:3], len(store.history()), state["stale"], numbers)
     assert outcome["pacing-crash"] == outcome["pacing-ref"]
     assert outcome["pacing-ref"][2] == 8 and outcome["pacing-ref"][3] == 8 and outcome["pacing-ref"][4] == 0
@@ -147,25 +147,25 @@ def test_a_held_commit_still_refills_the_freed_slots_from_the_published_version(
     sched, clock = _scheduler(redis_url, cfg, publish_hz=10.0)
     sched.apply([])  # 4 jobs: one worker, 3 queued behind it
     _results(client, cfg, sched, 3)
-    sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))  # committed and published at once
+    sched.apply(sched.results.read(sched.last_id, 10))  # committed and published at once
     first = _published(client, store)
     assert first[0] > 0 and first[2] == 3
     queued = _queued(client, store)
     more = _results(client, cfg, sched, 3)
     clock.t += 0.02  # well within the pacing interval: the commit waits ...
-    sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))
+    sched.apply(sched.results.read(sched.last_id, 10))
     assert _published(client, store) == first and sched.opt.version > first[0]
     # ... but the three free slots are not: three new jobs wait on the queue, drawn from the published version
     new = _queued(client, store) - queued
-    assert len(new) == 3 and len(sched.dispatch.inflight) == 4
-    assert {int(sched.dispatch.inflight[j]["version"]) for j in new} == {first[0]}
+    assert len(new) == 3 and len(sched.inflight) == 4
+    assert {int(sched.inflight[j]["version"]) for j in new} == {first[0]}
     assert len(client.hkeys(store.key("inflight"))) == 7, "settled jobs leave inflight with their commit only"
     clock.t += 0.1
     sched.apply([])
     version, _digest, applied, last = _published(client, store)
     assert (version, applied, last) == (sched.opt.version, 6, more[-1])
     assert len(client.hkeys(store.key("inflight"))) == 4
-    sched.dispatch.noise_ahead.close()
+    sched.inflight.close()
 
 
 def test_a_commit_that_publishes_nothing_is_not_held(redis_url, client):
@@ -178,14 +178,14 @@ def test_a_commit_that_publishes_nothing_is_not_held(redis_url, client):
     sched.apply([])
     version = sched.opt.version
     for i in range(3):
-        assert len(sched.dispatch.inflight) == 1
+        assert len(sched.inflight) == 1
         entry = _results(client, cfg, sched, 1)[-1]
         clock.t += 0.001
-        sched.apply(sched.dispatch.read(sched.last_id, 10, sched.rb))
+        sched.apply(sched.results.read(sched.last_id, 10))
         assert store.state()["last_result_id"] == entry, f"member {i} waited for the pace"
-        assert len(sched.dispatch.inflight) == 1, f"no member follows member {i}"
+        assert len(sched.inflight) == 1, f"no member follows member {i}"
     assert sched.opt.version == version
-    sched.dispatch.noise_ahead.close()
+    sched.inflight.close()
 
 
 @pytest.mark.parametrize("algo", sorted(ASYNC_ALGOS))
@@ -199,7 +199,7 @@ def test_ask_and_tell_change_disjoint_parts_of_the_optimizer_state(algo):
     rng = np.random.default_rng(3)
     for _ in range(6):
         before = opt.state()
-        specs = opt.ask(2, steps=100, inflight=0, critic_version=1, critic_steps=100, now=0.0)
+        specs = opt.ask(2, steps=100, inflight=0, rl=True)
         assert specs
         after = opt.state()
         changed = {k for k in after if codec.pack(after[k]) != codec.pack(before[k])}
@@ -209,8 +209,8 @@ def test_ask_and_tell_change_disjoint_parts_of_the_optimizer_state(algo):
         for spec in specs:
             asked = asked_state(opt)
             z = (opt.mean + 0.1 * rng.standard_normal(opt.mean.shape)).astype(np.float32)
-            opt.tell(Evaluated(job=f"j{spec['n']}", kind=spec["kind"], version=spec["version"], z=z,
-                               fitness=float(rng.normal()), length=EPISODE_LEN, f_mu=float(rng.normal()),
-                               f_mu_version=spec["version"], steps=100, interactions=200), now=0.0)
+            opt.tell(Individual(job=f"j{spec['n']}", kind=spec["kind"], version=spec["version"], z=z, steps=100,
+                                interactions=200),
+                     Fitness(float(rng.normal()), EPISODE_LEN), Reference(float(rng.normal()), spec["version"]))
             assert codec.pack(asked_state(opt)) == codec.pack(asked), "tell changed what asks own"
     assert opt.told > 0

@@ -18,9 +18,11 @@ from aesrl_queue.algorithms import algorithm, names
 from aesrl_queue.config import RunConfig
 from aesrl_queue.optimizers.aesrl import AesrlOptimizer, uses_rl
 from aesrl_queue.optimizers.base import (
-    Evaluated,
+    Fitness,
+    Individual,
     JobSpec,
     OptimizerFailed,
+    Reference,
     Update,
     generation_seed,
     job_id,
@@ -67,6 +69,6 @@ def needs_critic_daemon(cfg: RunConfig) -> bool:
     return spec.executor == "queue" and spec.learner and (spec.rl_share is not None or uses_rl(cfg))
 
 
-__all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "SYNC_ALGOS", "AesrlOptimizer", "CemOptimizer", "Evaluated", "JobSpec",
-           "Optimizer", "OptimizerFailed", "Update", "generation_seed", "job_id", "job_seed", "load_optimizer",
+__all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "SYNC_ALGOS", "AesrlOptimizer", "CemOptimizer", "Fitness", "Individual",
+           "JobSpec", "Optimizer", "OptimizerFailed", "Reference", "Update", "generation_seed", "job_id", "job_seed", "load_optimizer",
            "make_optimizer", "needs_critic_daemon", "needs_workers", "rl_target", "uses_rl"]

@@ -5,8 +5,8 @@ every number of the algorithm lives here, and nothing of Redis, RQ, threads or c
 individual the moment it arrives and returns what the scheduler must write. One object per run:
 
     opt = AesrlOptimizer(cfg, mu0)              # or AesrlOptimizer(cfg, mu).load_state(saved)
-    specs = opt.ask(4, steps=0, inflight=0, critic_version=0, now=0.0)
-    update = opt.tell(evaluated, now=time.time())   # -> Update(version, moved, history, best, ...)
+    specs = opt.ask(4, steps=0, inflight=0, rl=False)  # rl: the loop's critic gate says a critic is ready
+    update = opt.tell(individual, fitness, reference)   # -> Update(version, moved, history, best, ...)
 
 What it owns: the search distribution (μ, var and, for AES-RL, the fitness scale r), the P controller
 and the job numbering, the f(μ) each individual is compared with, the `rl_steps` window, the random
@@ -15,7 +15,6 @@ phase (random-action results are not told when r adapts), and the best individua
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from collections import deque
@@ -29,29 +28,19 @@ from aesrl_queue.config import RunConfig
 from aesrl_queue.controller import RLController
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
-    CRITIC_STALLED,
-    NO_CRITIC_AFTER,
-    NO_CRITIC_GAVE_UP,
-    NO_CRITIC_WAITING,
-    Evaluated,
+    Fitness,
+    Individual,
     JobSpec,
     OwnsDistribution,
+    Reference,
     Update,
     finite,
     job_seed,
 )
 
-log = logging.getLogger(__name__)
-
 # An RL job trains as many actor steps as the last 10 evaluated episodes stored (the paper's window),
 # at most rl_steps_max.
 RL_STEPS_WINDOW = 10
-
-
-def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool:
-    """Whether the critic trails the replay by more than `critic_lag` after the random phase, the
-    condition under which the scheduler holds new jobs (and `run`'s progress line says so)."""
-    return bool(cfg.critic_lag) and steps >= cfg.initial_steps and steps - critic_steps > cfg.critic_lag
 
 
 def uses_rl(cfg: RunConfig) -> bool:
@@ -102,26 +91,8 @@ class AesrlOptimizer(OwnsDistribution):
         self.told = 0  # results passed to the distribution
         self.last_p: dict[str, float] = {}
         self._sigma: tuple[int, float, float, float] | None = None  # (version, mean, min, max) of sqrt(var)
-        self._critic_wait_since: float | None = None  # a clock value (not state: it restarts with the process)
-        self._warned_no_critic = -math.inf
-        # holding jobs for a critic that trails the replay: (since, critic steps then) on the clock
-        self._lag_wait: tuple[float, int] | None = None
-        self._lag_holding = False  # the last ask held jobs for it (a stalled critic no longer does)
-        self._critic_problem: tuple[str, float] | None = None  # what `critic_problem` reports
 
     # -- what the loop reads ---------------------------------------------------------------------
-    @property
-    def waiting(self) -> bool:
-        """Holding jobs back for something outside (the first critic): poll often."""
-        return self._critic_wait_since is not None or self._lag_holding
-
-    @property
-    def critic_problem(self) -> tuple[str, float] | None:
-        """(which problem, critic_wait) while the run lacks a critic, as of the last `ask`: none has
-        published NO_CRITIC_AFTER·critic_wait after the random phase, or the critic stopped training
-        for critic_wait; None once a critic publishes (or trains again). The loop says what it means."""
-        return self._critic_problem
-
     def done(self, steps: int) -> bool:
         return steps >= self.cfg.total_steps
 
@@ -137,53 +108,29 @@ class AesrlOptimizer(OwnsDistribution):
         return out
 
     # -- ask -------------------------------------------------------------------------------------
-    def ask(self, n: int, steps: int, inflight: int, critic_version: int, now: float,
-            critic_steps: int = 0) -> list[JobSpec]:
-        """Up to `n` new jobs, given the stored steps, the jobs in flight, the critic's version and a
-        monotonic clock. Fewer (or none) near the end of the budget or while waiting for a critic."""
-        cfg = self.cfg
-        if n <= 0:
-            return []
-        # Do not start jobs whose episodes would certainly overshoot the budget. Before any episode
-        # is known, assume full-length ones.
+    def job_steps(self) -> float:
+        """The steps one job is expected to store: its episodes at the recent mean length (before any
+        episode is known, full-length ones)."""
         mean_len = ((sum(self.recent_lens) / len(self.recent_lens)) if self.recent_lens
-                    else max(1, cfg.max_episode_steps))
-        job_steps = mean_len * self.episodes_per_job
-        if steps + inflight * job_steps >= cfg.total_steps:
-            return []
-        n = min(n, math.ceil((cfg.total_steps - steps) / job_steps - inflight))
-        rl_ready = self.rl and critic_version > 0
-        if rl_ready:
-            self._critic_wait_since = None
-            self._critic_problem = None
-        # A critic cannot train before the replay holds a batch: never wait for one before that,
-        # even when the random phase is shorter (initial_steps 0 would otherwise wait critic_wait).
-        elif self.rl and steps >= max(cfg.initial_steps, cfg.batch_size):
-            # The random phase is over but no critic exists yet: hold new jobs for a while rather
-            # than spend the budget on ES alone (a critic daemon needs seconds to start and train).
-            if self._critic_wait_since is None:
-                self._critic_wait_since = now
-                log.info("run %s: initial phase over; waiting up to %.0fs for the first critic", cfg.run_id,
-                         cfg.critic_wait)
-            waited = now - self._critic_wait_since
-            if waited < cfg.critic_wait:
-                if waited >= NO_CRITIC_AFTER * cfg.critic_wait:
-                    self._critic_problem = (NO_CRITIC_WAITING, cfg.critic_wait)
-                return []
-            self._critic_problem = (NO_CRITIC_GAVE_UP, cfg.critic_wait)
-            if now - self._warned_no_critic > 60:
-                self._warned_no_critic = now
-                log.warning("run %s: %d steps stored but no critic published yet; dispatching ES jobs meanwhile",
-                            cfg.run_id, steps)
-        self._lag_holding = rl_ready and self._critic_behind(steps, critic_steps, now)
-        if self._lag_holding:
-            return []
-        room = cfg.critic_lag - (steps - critic_steps)
-        if rl_ready and cfg.critic_lag and steps >= cfg.initial_steps and room >= 0:
-            # within critic_lag: one job, or as many as the room left holds, so that the gate does not
-            # open to a burst of jobs (2 per worker) drawn from one μ that overshoot the lag together (a
-            # stopped critic, which no longer holds the run with room < 0, caps nothing)
-            n = min(n, max(1, math.ceil(room / job_steps)))
+                    else max(1, self.cfg.max_episode_steps))
+        return mean_len * self.episodes_per_job
+
+    def room(self, n: int, steps: int, inflight: int) -> int:
+        """How many of `n` new jobs the budget has room for, given the stored steps and the jobs in
+        flight: none whose episodes would certainly overshoot it."""
+        cfg = self.cfg
+        job_steps = self.job_steps()
+        if n <= 0 or steps + inflight * job_steps >= cfg.total_steps:
+            return 0
+        return min(n, math.ceil((cfg.total_steps - steps) / job_steps - inflight))
+
+    def ask(self, n: int, steps: int, inflight: int, rl: bool) -> list[JobSpec]:
+        """Up to `n` new jobs (fewer near the end of the budget), given the stored steps and the jobs
+        in flight; the P controller tags each RL or ES when `rl` (the loop's critic gate says a critic
+        is ready: scheduler/critic_gate.py), else all are ES."""
+        cfg = self.cfg
+        n = self.room(n, steps, inflight)
+        rl = rl and self.rl
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
         rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps)
@@ -192,121 +139,97 @@ class AesrlOptimizer(OwnsDistribution):
             seed = job_seed(cfg.seed, self.dispatched)
             # No critic yet: ES only, and uncounted, so the controller does not start with a backlog
             # of ES dispatches that it would then repay with a burst of RL jobs.
-            kind = self.controller.choose(steps, random.Random(seed).random()) if rl_ready else "es"
+            kind = self.controller.choose(steps, random.Random(seed).random()) if rl else "es"
             specs.append({"kind": kind, "version": self.version, "seed": seed, "n": self.dispatched,
                           "rl_steps": rl_steps if kind == "rl" else 0, "random": random_phase})
         return specs
 
-    def _critic_behind(self, steps: int, critic_steps: int, now: float) -> bool:
-        """Whether to hold new jobs because the critic trails the stored steps by more than `critic_lag`.
-
-        Only after the random phase, and only while the critic moves: a critic that has not trained
-        a step for `critic_wait` seconds (a daemon stopped or lost) no longer holds the run."""
-        cfg = self.cfg
-        if not critic_too_far_behind(cfg, steps, critic_steps):
-            self._lag_wait = None
-            return False
-        if self._lag_wait is None or critic_steps > self._lag_wait[1]:
-            if self._lag_wait is None:
-                log.debug("run %s: critic %d steps behind the replay; holding new jobs", cfg.run_id,
-                          steps - critic_steps)
-            self._lag_wait = (now, critic_steps)
-            return True
-        if now - self._lag_wait[0] < cfg.critic_wait:
-            return True
-        self._critic_problem = (CRITIC_STALLED, cfg.critic_wait)
-        if now - self._warned_no_critic > 60:
-            self._warned_no_critic = now
-            log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps; "
-                        "dispatching meanwhile", cfg.run_id, now - self._lag_wait[0], steps - critic_steps)
-        return False
-
     # -- tell ------------------------------------------------------------------------------------
-    def tell(self, ev: Evaluated, now: float = 0.0) -> Update:
-        """Apply one evaluated individual; `now` (wall clock) only stamps the history entry.
+    def tell(self, ind: Individual, fit: Fitness, ref: Reference) -> Update:
+        """Apply one evaluated individual: what its episode returned, and the job's f(μ) estimate.
 
         Invalid input raises ValueError and changes nothing."""
         cfg, dist = self.cfg, self.dist
-        pair = ev.mirror_z is not None
-        if pair and not finite(ev.mirror_fitness):
-            raise ValueError(f"the antithetic partner of {ev.job} has return {ev.mirror_fitness}")
+        pair = ind.mirror_z is not None
+        if pair and not finite(fit.mirror_value):
+            raise ValueError(f"the antithetic partner of {ind.job} has return {fit.mirror_value}")
         f_mu, f_mu_version, f_mu_len = self.f_mu, self.f_mu_version, self.f_mu_len
-        if finite(ev.f_mu) and ev.f_mu_version >= f_mu_version:
-            f_mu, f_mu_version, f_mu_len = ev.f_mu, ev.f_mu_version, ev.f_mu_length
-        f_z, f_ref = self._judged(ev, f_mu, f_mu_len)
+        if finite(ref.value) and ref.version >= f_mu_version:
+            f_mu, f_mu_version, f_mu_len = ref.value, ref.version, ref.length
+        f_z, f_ref = self._judged(ind, fit, ref, f_mu, f_mu_len)
         # A random-action episode says nothing about z: with an adaptive scale it neither moves μ nor
         # enters the scale (the paper's fixed r lets it move μ, as the official code does).
         scale = getattr(dist, "scale", None)
-        told = not (ev.random and scale is not None and scale.adapts)
+        told = not (ind.random and scale is not None and scale.adapts)
         mean_before, version_before = dist.mean, dist.version
         # (the value told, z, the return) per individual: one, or an antithetic pair, the worse first
         # (under the default rules it leaves μ where it is; the better one then moves μ from there)
-        members = [(f_z, ev.z, ev.fitness)]
+        members = [(f_z, ind.z, fit.value)]
         if pair:
-            members = sorted([members[0], (cfg.judged(ev.mirror_fitness, ev.mirror_length), ev.mirror_z,
-                                           ev.mirror_fitness)], key=lambda m: m[0])
+            members = sorted([members[0], (cfg.judged(fit.mirror_value, fit.mirror_length), ind.mirror_z,
+                                           fit.mirror_value)], key=lambda m: m[0])
         tellees = [(f_i, z_i) for f_i, z_i, _ in members]
-        if cfg.pair_shift and ev.kind == "es" and ev.version != dist.version and (pair or ev.drawn_from is not None):
+        if cfg.pair_shift and ind.kind == "es" and ind.version != dist.version and (pair or ind.drawn_from is not None):
             # drawn from an older μ: tell the offsets σ·ε from that μ, added to the current one. Told as
             # they are, z − μ_now also holds how far μ moved meanwhile, and the variance takes it
-            offset = noise.Individual(ev.z, ev.mirror_z, ev.drawn_from).offset(dist.mean)
+            offset = noise.Individual(ind.z, ind.mirror_z, ind.drawn_from).offset(dist.mean)
             tellees = [(f_i, (z_i + offset).astype(np.float32)) for f_i, z_i in tellees]
         step = None
         p = p_loser = 0.0
         for f_i, z_i in tellees if told else ():
             p_loser = p
             if hasattr(dist, "tell_step"):  # only ES gaps set the adaptive r (fitness.FitnessScale)
-                p, step_i = dist.tell_step(z_i, f_i, f_ref, scale_step=ev.kind != "rl")
+                p, step_i = dist.tell_step(z_i, f_i, f_ref, scale_step=ind.kind != "rl")
                 step = step_i if step_i is not None else step
             else:
                 p = dist.tell(z_i, f_i, f_ref)
             p = float(p)
             self.told += 1
         self.f_mu, self.f_mu_version, self.f_mu_len = f_mu, f_mu_version, f_mu_len
-        self.last_p[ev.kind] = p
-        self.recent_lens.extend([int(ev.length), int(ev.mirror_length)] if pair else [int(ev.length)])
+        self.last_p[ind.kind] = p
+        self.recent_lens.extend([int(fit.length), int(fit.mirror_length)] if pair else [int(fit.length)])
         told_best, z_best, f_best = members[-1]  # the better of a pair (the individual itself otherwise)
         self.best = max(self.best, f_best)
         moved = dist.version != version_before
         std = (step.std if step is not None else noise.scale(dist.mean, dist.var)[1]) if moved else None
-        entry = self._entry(ev, p, f_ref, f_z, told, std, now, version_before,
+        entry = self._entry(ind, fit, p, f_ref, f_z, told, std, version_before,
                             step.moved if step is not None else float(np.linalg.norm(dist.mean - mean_before)))
         if pair:  # the entry describes the better of the pair; the worse one's return and p beside it
             entry.update(f_z=f_best, delta=told_best - f_ref, f_pair_worse=members[0][2], p_pair_worse=p_loser,
-                         mirror_won=z_best is ev.mirror_z)
+                         mirror_won=z_best is ind.mirror_z)
         best = None
-        if not ev.random and f_best > self.best_kept:
+        if not ind.random and f_best > self.best_kept:
             self.best_kept = f_best
-            best = {"params": z_best, "fitness": f_best, "job": ev.job, "kind": ev.kind, "version": dist.version,
-                    "steps": ev.steps}
+            best = {"params": z_best, "fitness": f_best, "job": ind.job, "kind": ind.kind, "version": dist.version,
+                    "steps": ind.steps}
         return Update(version=dist.version, moved=moved, mean=dist.mean if moved else None,
                       var=dist.var if moved else None, std=std, history=entry, best=best)
 
-    def _judged(self, ev: Evaluated, f_mu: float, f_mu_len: float) -> tuple[float, float]:
+    def _judged(self, ind: Individual, fit: Fitness, ref: Reference, f_mu: float, f_mu_len: float) -> tuple[float, float]:
         """(f(z), the f(μ) it is compared with), both as the rule compares them (less fitness_shift).
 
         The reference: an antithetic pair's mean, both from one start state; with paired evaluation,
         the job's own estimate of the μ it was drawn from, on the same start state; else the newest
         estimate (the paper)."""
         shaped = self.cfg.judged
-        f_z = shaped(ev.fitness, ev.length)
-        if ev.mirror_z is not None:
-            return f_z, 0.5 * (f_z + shaped(ev.mirror_fitness, ev.mirror_length))
-        if self.cfg.mean_eval_paired and finite(ev.f_mu) and ev.f_mu_version == ev.version:
-            return f_z, shaped(ev.f_mu, ev.f_mu_length)
+        f_z = shaped(fit.value, fit.length)
+        if ind.mirror_z is not None:
+            return f_z, 0.5 * (f_z + shaped(fit.mirror_value, fit.mirror_length))
+        if self.cfg.mean_eval_paired and finite(ref.value) and ref.version == ind.version:
+            return f_z, shaped(ref.value, ref.length)
         return f_z, (shaped(f_mu, f_mu_len) if finite(f_mu) else f_z)
 
-    def _entry(self, ev: Evaluated, p: float, f_ref: float, f_z: float, told: bool, std: np.ndarray | None,
-               now: float, version_before: int, moved: float) -> dict[str, Any]:
+    def _entry(self, ind: Individual, fit: Fitness, p: float, f_ref: float, f_z: float, told: bool,
+               std: np.ndarray | None, version_before: int, moved: float) -> dict[str, Any]:
         """The history entry of one tell (f_ref and delta as the rule saw them: less fitness_shift)."""
         sigma = self._sigma_stats(std)
-        return {"job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
-                "version": self.dist.version, "p": p, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length,
-                "t": now, "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3], "moved": moved,
-                "random": bool(ev.random), "f_ref": f_ref, "delta": f_z - f_ref,
+        return {"job": ind.job, "kind": ind.kind, "steps": ind.steps, "interactions": ind.interactions,
+                "version": self.dist.version, "p": p, "f_z": fit.value, "f_mu": self.f_mu, "len": fit.length,
+                "sigma_mean": sigma[1], "sigma_min": sigma[2], "sigma_max": sigma[3], "moved": moved,
+                "random": bool(ind.random), "f_ref": f_ref, "delta": f_z - f_ref,
                 "r": getattr(self.dist, "r", None), "told": told,
                 # how many updates were told while this individual ran (drawn from an older μ)
-                "lag": version_before - ev.version}
+                "lag": version_before - ind.version}
 
     def _sigma_stats(self, std: np.ndarray | None) -> tuple[int, float, float, float]:
         """Mean, min and max of sqrt(var) for the history, computed once per version."""

@@ -1,5 +1,5 @@
-"""What an optimizer and the scheduler loop hand each other: job specs out, evaluated individuals in,
-update records back. Plain data only; nothing here knows Redis, RQ, threads or clocks.
+"""What an optimizer and the scheduler loop hand each other: job specs out, (individual, fitness,
+reference) in, update records back. Plain data only; nothing here knows Redis, RQ, threads or clocks.
 """
 
 from __future__ import annotations
@@ -15,20 +15,6 @@ import numpy as np
 #   {"kind": "es" | "rl", "version": int, "seed": int, "n": int, "rl_steps": int, "random": bool,
 #    "extra": {...}}   # extra: fields kept with the in-flight entry (generation, member)
 JobSpec = dict[str, Any]
-
-
-# A critic daemon that runs publishes its first weights seconds after the replay holds a batch (its
-# first chunk of training), so a run that has waited a quarter of critic_wait for one (30 s of the
-# default 120 s) most likely has none: that is when `critic_problem` names it.
-NO_CRITIC_AFTER = 0.25
-
-# What `critic_problem` reports, with the seconds of critic_wait: scheduler/problems.py says what
-# each means and how to start a critic.
-NO_CRITIC_WAITING = "no critic, waiting"  # jobs are held for critic_wait
-NO_CRITIC_GAVE_UP = "no critic, going on"  # the run goes on with ES alone until a critic publishes
-CRITIC_STALLED = "critic stalled"  # no trained step for critic_wait: jobs go out without waiting
-GENERATION_WAITING = "no critic for the generation, waiting"  # its RL members are held
-GENERATION_GAVE_UP = "no critic for the generation, going on"  # its RL members run untrained
 
 
 def job_seed(run_seed: int, n: int) -> int:
@@ -53,28 +39,41 @@ def finite(x: Any) -> bool:
 
 
 @dataclass
-class Evaluated:
-    """One evaluated individual as the loop hands it to `tell`: z rebuilt (ES) or downloaded (RL)."""
+class Individual:
+    """One individual `ask` handed out, back with its parameters: z rebuilt (ES) or downloaded (RL).
+    `tell(individual, fitness, reference)` takes it with what its episode returned."""
 
     job: str
     kind: str  # "es" or "rl"
     version: int  # the distribution version the individual was drawn from
     z: np.ndarray
-    fitness: float
-    length: int
-    f_mu: float = math.nan  # the job's estimate of f(μ_version_of_f_mu)
-    f_mu_version: int = -1
-    f_mu_length: float = 0.0  # mean episode length behind f_mu (fitness_shift subtracts per step)
-    steps: int = -1  # the run's stored steps after this episode (-1: unknown)
-    interactions: int = -1
     random: bool = False  # a random-action episode (the random phase)
-    # an antithetic ES job (es_antithetic): μ − σ·ε, its return and episode length; f_mu is the pair's mean
-    mirror_z: np.ndarray | None = None
-    mirror_fitness: float = math.nan
-    mirror_length: int = 0
+    mirror_z: np.ndarray | None = None  # an antithetic ES job (es_antithetic): its mirror μ − σ·ε
     # the μ the individual was drawn from (μ of `version`, float32), where the loop has it: pair_shift
     # measures an ES individual's offset from it (`noise.Individual.offset`)
     drawn_from: np.ndarray | None = None
+    steps: int = -1  # the run's stored steps after its episode (-1: unknown), for the history
+    interactions: int = -1
+
+
+@dataclass
+class Fitness:
+    """What an individual's episode returned: its return and length (and its antithetic mirror's)."""
+
+    value: float
+    length: int
+    mirror_value: float = math.nan
+    mirror_length: int = 0
+
+
+@dataclass
+class Reference:
+    """The job's estimate of f(μ), the fitness an individual is compared with: its value, the version of
+    μ it is of, and the mean episode length behind it (fitness_shift subtracts per step)."""
+
+    value: float = math.nan
+    version: int = -1
+    length: float = 0.0
 
 
 @dataclass
@@ -86,7 +85,7 @@ class Update:
     mean: np.ndarray | None = None  # the new version's arrays when moved (not copies: do not modify)
     var: np.ndarray | None = None
     std: np.ndarray | None = None  # sqrt(var) of the new version when already computed, else None
-    # one history entry; the loop adds the job's own facts (worker, duration, rl_steps, dispatched_at)
+    # one history entry; the loop adds when (t) and the job's own facts (worker, duration, rl_steps, dispatched_at)
     history: dict[str, Any] | None = None
     best: dict[str, Any] | None = None  # a new best individual: params, fitness, job, kind, version, steps
     applied: bool = True  # counts as an applied result (results_applied, {kind}_applied)

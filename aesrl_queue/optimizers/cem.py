@@ -21,13 +21,12 @@ from aesrl_queue.algorithms import algorithm
 from aesrl_queue.config import RunConfig
 from aesrl_queue.distributions import make_distribution
 from aesrl_queue.optimizers.base import (
-    GENERATION_GAVE_UP,
-    GENERATION_WAITING,
-    NO_CRITIC_AFTER,
-    Evaluated,
+    Fitness,
+    Individual,
     JobSpec,
     OptimizerFailed,
     OwnsDistribution,
+    Reference,
     Update,
     finite,
     generation_seed,
@@ -66,19 +65,6 @@ class CemOptimizer(OwnsDistribution):
         self.no_critic_gen = -1  # generation in which the critic did not come; its RL members run as ES
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
         self._need: dict[str, int] = {}  # jobs whose stored individual to fetch after a restart -> member
-        self._critic_wait: dict[str, Any] | None = None  # holds a clock value: not state
-        self._critic_problem: tuple[str, float] | None = None  # what `critic_problem` reports
-
-    @property
-    def waiting(self) -> bool:
-        return self._critic_wait is not None
-
-    @property
-    def critic_problem(self) -> tuple[str, float] | None:
-        """(which problem, critic_wait) while the generation's RL members wait for a critic that has
-        not trained a step for NO_CRITIC_AFTER·critic_wait, or went without one; None once a critic
-        has trained what they need. The loop says what it means."""
-        return self._critic_problem
 
     def done(self, steps: int) -> bool:
         """The budget is spent and no generation is open (a generation is always finished)."""
@@ -93,31 +79,47 @@ class CemOptimizer(OwnsDistribution):
         return out
 
     # -- ask -------------------------------------------------------------------------------------
-    def ask(self, n: int, steps: int, inflight: int, critic_version: int, now: float,
-            critic_steps: int = 0) -> list[JobSpec]:
-        """Members to dispatch now: cemrl the next one once nothing is in flight, pcemrl every member
-        not yet out (RL members only once their critic is trained). `n` (free worker slots) is not
-        a limit: a generation is dispatched whole."""
+    def _pending(self, steps: int) -> list[int]:
+        """The members not yet out, of the open generation, or of a new one while the budget lasts."""
         if self.gen is None:
             if steps >= self.cfg.total_steps:
                 return []
             self._start_generation(steps)
-        members = self.gen["members"]
-        pending = [i for i, m in enumerate(members) if not m["job"] and not m["done"] and not m["dropped"]]
-        if not pending:
-            return []
-        critic = (critic_steps, critic_version, now)
+        return [i for i, m in enumerate(self.gen["members"]) if not m["job"] and not m["done"] and not m["dropped"]]
+
+    def critic_need(self, steps: int, inflight: int) -> tuple[str, int] | None:
+        """What the RL member(s) the next `ask` dispatches need of the critic: ("steps", n), the critic's
+        trained steps reaching n (critic_on_request: the steps are requested here, once, and written
+        with the next commit as critic_request), or ("version", 1), a published critic; None when the
+        next ask dispatches no RL member. The loop's critic gate waits for it (scheduler/critic_gate.py)."""
+        pending = self._pending(steps)
         if self.serial:
-            if inflight:
-                return []
-            pending = pending[:1]
-        elif any(members[i]["kind"] == "rl" for i in pending) and not self._critic_ready(members[0], *critic):
+            pending = [] if inflight else pending[:1]
+        members = self.gen["members"] if self.gen else []
+        if self.no_critic_gen == self.generation or not any(members[i]["kind"] == "rl" for i in pending):
+            return None
+        m = members[pending[0]] if self.serial else members[0]  # P-CEM-RL: all critic training before the generation
+        if not self.cfg.critic_on_request:
+            return "version", 1
+        self.critic_request += m["critic"]  # asked once, even across restarts
+        m["critic"] = 0
+        return "steps", self.critic_request
+
+    def ask(self, n: int, steps: int, inflight: int, rl: bool) -> list[JobSpec]:
+        """Members to dispatch now: cemrl the next one once nothing is in flight, pcemrl every member
+        not yet out. `n` (free worker slots) is not a limit: a generation is dispatched whole. The loop
+        asks once the critic is ready for its RL members (`critic_need`); `rl` False: it did not come,
+        and this generation's RL members run as ES members, untrained."""
+        pending = self._pending(steps)
+        if not pending or (self.serial and inflight):
             return []
+        if self.serial:
+            pending = pending[:1]
+        if not rl:
+            self.no_critic_gen = self.gen["g"]
         specs = []
         for i in pending:
-            m = members[i]
-            if self.serial and m["kind"] == "rl" and not self._critic_ready(m, *critic):
-                break
+            m = self.gen["members"][i]
             kind = "es" if self.no_critic_gen == self.gen["g"] else m["kind"]
             m["kind"] = kind
             self.dispatched += 1
@@ -159,39 +161,6 @@ class CemOptimizer(OwnsDistribution):
         log.info("run %s: generation %d (version %d): %d RL + %d ES members, %d steps stored", cfg.run_id, g,
                  self.version, n_rl, cfg.population - n_rl, steps)
 
-    def _critic_ready(self, m: dict[str, Any], critic_steps: int, critic_version: int, now: float) -> bool:
-        """Whether an RL member may be dispatched now (its critic training done, or a critic exists)."""
-        cfg = self.cfg
-        if self.no_critic_gen == self.gen["g"]:
-            return True
-        if self._critic_wait is None:
-            if cfg.critic_on_request:
-                target = self.critic_request + m["critic"]
-                if m["critic"]:
-                    self.critic_request = target  # written with the next commit: asked once, even across restarts
-                    m["critic"] = 0
-                self._critic_wait = {"steps": True, "target": target, "since": now}
-            else:
-                self._critic_wait = {"steps": False, "target": 1, "since": now}
-            self._critic_wait.update(trained=critic_steps, moved=now)
-        w = self._critic_wait
-        if (critic_steps if w["steps"] else critic_version) >= w["target"]:
-            self._critic_wait = None
-            self._critic_problem = None
-            return True
-        if critic_steps > w["trained"]:  # a critic that trains (serial CEM-RL asks for many steps) is there
-            w.update(trained=critic_steps, moved=now)
-        elif now - w["moved"] >= NO_CRITIC_AFTER * cfg.critic_wait:
-            self._critic_problem = (GENERATION_WAITING, cfg.critic_wait)
-        if now - w["since"] > cfg.critic_wait:
-            log.warning("run %s: no critic trained within %.0fs; generation %d evaluates its RL members without "
-                        "training", cfg.run_id, cfg.critic_wait, self.gen["g"])
-            self.no_critic_gen = self.gen["g"]
-            self._critic_wait = None
-            self._critic_problem = (GENERATION_GAVE_UP, cfg.critic_wait)
-            return True
-        return False
-
     # -- tell ------------------------------------------------------------------------------------
     def _member_of(self, job: str) -> int | None:
         for i, m in enumerate(self.gen["members"] if self.gen else []):
@@ -199,21 +168,21 @@ class CemOptimizer(OwnsDistribution):
                 return i
         return None
 
-    def tell(self, ev: Evaluated, now: float = 0.0) -> Update:
+    def tell(self, ind: Individual, fit: Fitness, ref: Reference) -> Update:
         """Record one member's result; the last member of a generation updates the distribution."""
-        i = self._member_of(ev.job)
+        i = self._member_of(ind.job)
         if i is None:
-            raise ValueError(f"job {ev.job} is no member of the open generation")
-        if ev.version != self.version:
+            raise ValueError(f"job {ind.job} is no member of the open generation")
+        if ind.version != self.version:
             # The barrier makes this impossible unless someone else moved the run's version.
-            raise ValueError(f"job {ev.job} used version {ev.version}, generation {self.gen['g']} is version "
+            raise ValueError(f"job {ind.job} used version {ind.version}, generation {self.gen['g']} is version "
                              f"{self.version}")
         m = self.gen["members"][i]
-        m.update(done=True, fitness=float(ev.fitness), len=int(ev.length))
-        if finite(ev.f_mu) and ev.f_mu_version == self.version:
-            m["f_mu"] = float(ev.f_mu)
-        self._z[i] = ev.z
-        self.best = max(self.best, ev.fitness)
+        m.update(done=True, fitness=float(fit.value), len=int(fit.length))
+        if finite(ref.value) and ref.version == self.version:
+            m["f_mu"] = float(ref.value)
+        self._z[i] = ind.z
+        self.best = max(self.best, fit.value)
         f_mus = [mm["f_mu"] for mm in self.gen["members"] if mm["done"] and "f_mu" in mm]
         self.f_mu = float(np.mean(f_mus)) if f_mus else math.nan
         g = self.gen["g"]
@@ -222,15 +191,15 @@ class CemOptimizer(OwnsDistribution):
         update = self._tell_generation() if told else Update(version=self.version)
         sigma = np.sqrt(self.dist.var)
         update.history = {
-            "job": ev.job, "kind": ev.kind, "steps": ev.steps, "interactions": ev.interactions,
-            "version": self.version, "p": 0.0, "f_z": ev.fitness, "f_mu": self.f_mu, "len": ev.length, "t": now,
+            "job": ind.job, "kind": ind.kind, "steps": ind.steps, "interactions": ind.interactions,
+            "version": self.version, "p": 0.0, "f_z": fit.value, "f_mu": self.f_mu, "len": fit.length,
             "sigma_mean": float(sigma.mean()), "sigma_min": float(sigma.min()),
             "sigma_max": float(sigma.max()), "moved": float(np.linalg.norm(self.dist.mean - mean_before)),
-            "random": bool(ev.random), "generation": g, "member": i, "told": told}
-        if not ev.random and ev.fitness > self.best_kept:
-            self.best_kept = ev.fitness
-            update.best = {"params": ev.z, "fitness": ev.fitness, "job": ev.job, "kind": ev.kind,
-                           "version": self.version, "steps": ev.steps}
+            "random": bool(ind.random), "generation": g, "member": i, "told": told}
+        if not ind.random and fit.value > self.best_kept:
+            self.best_kept = fit.value
+            update.best = {"params": ind.z, "fitness": fit.value, "job": ind.job, "kind": ind.kind,
+                           "version": self.version, "steps": ind.steps}
         return update
 
     def _tell_generation(self) -> Update:
@@ -315,7 +284,7 @@ class CemOptimizer(OwnsDistribution):
                      "no_critic_gen"):
             setattr(self, name, int(state[name]))
         self.f_mu, self.best, self.best_kept = float(state["f_mu"]), float(state["best"]), float(state["best_kept"])
-        self._z, self._need, self._critic_wait = {}, {}, None
+        self._z, self._need = {}, {}
         for i, m in enumerate(self.gen["members"] if self.gen else []):
             if not m["done"]:
                 continue

@@ -1,0 +1,49 @@
+"""Reading results: the stream entries workers append, each decoded where it is told (`decode`), and
+the individual each one stands for (`individual`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import redis
+
+from aesrl_queue import kernels, noise
+from aesrl_queue.codec import CodecError
+from aesrl_queue.store import Result, Store, decode_result
+from scheduler.dists import DistCache
+
+
+class ResultReader:
+    """Reads the run's `results` stream on the blocking client (a read may wait up to `block_ms`)."""
+
+    def __init__(self, store: Store, blocking_client: redis.Redis) -> None:
+        self.store = store
+        self.rb = blocking_client
+
+    def read(self, after: str, block_ms: int | None, count: int = 200) -> list[tuple[str, dict]]:
+        """(entry id, raw fields) of up to `count` entries after `after`, as XREAD gives them (no block
+        when `block_ms` is None)."""
+        return self.store.read_stream("results", after, count=count, block_ms=block_ms, client=self.rb)
+
+
+def decode(entry_id: str, fields: dict) -> tuple[Result | None, str]:
+    """(the result, "") of a stream entry, or (None, why) when it is malformed."""
+    try:
+        return decode_result(entry_id, fields), ""
+    except CodecError as exc:
+        return None, str(exc)
+
+
+def individual(res: Result, eps: np.ndarray | None, dists: DistCache, store: Store) -> noise.Individual:
+    """The evaluated parameters: rebuilt from (version, seed) for ES (with the mirror of an antithetic
+    job, one with a finite mirror_fitness; `eps` is ε when computed ahead, else `rebuild` computes it),
+    downloaded for RL (whose μ it leaves unread: the version may be gone by the time a long RL job
+    reports). Raises CodecError when they cannot be had."""
+    if res.kind == "rl":
+        if not res.ind:
+            raise CodecError(f"RL result of {res.job} names no individual key")
+        return noise.Individual(store.get_individual(res.ind), None, None)
+    mu, std = dists.get_std(res.version)
+    return noise.rebuild(mu, res.seed, std=std, antithetic=math.isfinite(res.mirror_fitness), eps=eps,
+                         perturb=kernels.perturbation)
