@@ -57,6 +57,9 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("AESRL_REDIS_URL", None)
+    # pytest-xdist's workers set COLUMNS=80: a child's terminal width is the one its test gives it
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
     return env
 
 
