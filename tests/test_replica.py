@@ -91,7 +91,7 @@ def _context(p, monkeypatch, url: str, wait_s: float) -> jobs._RunContext:
     monkeypatch.setenv(replica.WAIT_ENV, str(wait_s))
     replica._READERS.clear()
     ctx = jobs._RunContext(p, RUN)
-    assert ctx.reader is not None and ctx.reader.wait_s == wait_s
+    assert ctx.reader.replica is not None and ctx.reader.wait_s == wait_s
     return ctx
 
 
@@ -105,10 +105,10 @@ def test_reads_come_from_the_replica_when_it_is_in_sync(pair, clients, monkeypat
     store, cfg = _run(p, version=4)
     wait_for(lambda: _synced(p, r), 60, what="replication")
     ctx = _context(p, monkeypatch, pair[1].url, wait_s=0.5)
-    assert ctx.cfg.spec_hash == cfg.spec_hash  # the config itself came through the replica
+    assert ctx.cfg.spec_hash == cfg.spec_hash  # the config is read from the primary (never an earlier run's)
     version, mu, var = _begin(ctx, "j1")
     assert version == 4 and np.array_equal(mu, _mu(cfg, 4))
-    assert ctx.reader.stats["replica"] == 2 and ctx.reader.stats["primary"] == 0, ctx.reader.stats
+    assert ctx.reader.stats["replica"] == 1 and ctx.reader.stats["primary"] == 0, ctx.reader.stats
     # The job is registered on the primary with the version it uses (the scheduler keeps it).
     assert p.hget(store.key("refs"), "j1") == b"4"
 
@@ -157,7 +157,7 @@ def test_critic_is_at_least_the_version_the_primary_named(pair, clients, monkeyp
     store.publish_critic(2, {"critic": np.full(10, 2.0, np.float32)})
     _begin(ctx, "j4")
     assert ctx.critic_named == 2
-    version, blob = ctx.reader.critic(store, at_least=ctx.critic_named)
+    version, blob = ctx.reader.critic(store, at_least=ctx.critic_named, tag=ctx.token)
     assert version == 2 and codec.unpack(blob)["critic"][0] == 2.0  # not the replica's version 1
     assert ctx.reader.stats["primary"] >= 1
 

@@ -1,7 +1,7 @@
-"""Read-only data of a run (dist:{v}, config, critic, replay) from a local Redis replica of the primary.
-
-Set by `AESRL_READ_URL` (or `aesrl-queue worker --read-url`). Writes never go here; a read that the
-replica cannot answer yet (it lags) or at all (it is down) goes to the primary.
+"""Every read of a job's run data (dist:{v}, critic, replay) goes through one ReplicaReader: from the
+host's replica (`aesrl-queue worker` starts one: workers/host_replica.py; `AESRL_READ_URL` names it)
+with a bounded wait for what it does not hold yet, else from the primary. Without a replica the same
+reader reads the primary directly. Writes never go to the replica.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ WAIT_ENV = "AESRL_READ_WAIT"
 DEFAULT_WAIT_S = 0.25
 # After this many fallbacks in a row the copy is skipped for a while, so that jobs do not pay the wait
 # every time: BYPASS_S seconds when it failed to answer (down, resyncing), and LAG_BYPASS_S when it
-# answered but lacked what was asked (behind: a busy relay), doubling while it stays behind, up to
+# answered but lacked what was asked (behind: a busy host), doubling while it stays behind, up to
 # BYPASS_S. Every read skipped costs the primary the bytes (1 MB for a HalfCheetah μ/var, 2 MB for a
-# critic), so a copy that is only behind is tried again soon.
+# critic), so a copy that is only behind is tried again soon; and the host's replica, when it dies,
+# is started again within a few seconds (workers/host_replica.py), so a dead one is tried every 5 s.
 BYPASS_AFTER = 3
-BYPASS_S = 30.0
+BYPASS_S = 5.0
 LAG_BYPASS_S = 1.0
 
 T = TypeVar("T")
@@ -52,7 +53,7 @@ class ReplicaReader:
     named (`critic`): a lagging replica can only lack data, never hold a wrong version of it.
     """
 
-    def __init__(self, primary: redis.Redis, replica: redis.Redis, wait_s: float = DEFAULT_WAIT_S,
+    def __init__(self, primary: redis.Redis, replica: redis.Redis | None, wait_s: float = DEFAULT_WAIT_S,
                  url: str = "") -> None:
         self.primary = primary
         self.replica = replica
@@ -68,7 +69,11 @@ class ReplicaReader:
 
     # -- health ---------------------------------------------------------------------------------------
     def usable(self) -> bool:
-        return time.monotonic() >= self._bypass_until
+        return self.replica is not None and time.monotonic() >= self._bypass_until
+
+    def fallbacks(self) -> int:
+        """Reads meant for the replica that went to the primary (0 without a replica)."""
+        return self.stats["primary"] if self.replica is not None else 0
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -118,6 +123,8 @@ class ReplicaReader:
         `append_only`: a read of a stream (the replay), where a lagging copy only has fewer entries and
         the next read takes the rest; it stays on the replica while the replica is skipped for lagging,
         so a copy that falls behind at a run's start does not send whole replay catch-ups to the primary."""
+        if self.replica is None:
+            return fn(self.primary)
         if self.usable() or (append_only and not self._errors):
             try:
                 out = fn(self.replica)
@@ -134,6 +141,11 @@ class ReplicaReader:
         """fn(replica) until it returns something other than None (up to wait_s), else fn(primary).
 
         `fn` returns None for "not there yet"; CodecError when the primary does not have it either."""
+        if self.replica is None:
+            out = fn(self.primary)
+            if out is None:
+                raise CodecError(f"{what} is not in Redis (expired?)")
+            return out
         if self.usable():
             deadline = time.monotonic() + self.wait_s
             delay = 0.001
@@ -162,18 +174,17 @@ class ReplicaReader:
             raise CodecError(f"{what} is in neither the replica nor the primary (expired?)")
         return out
 
-    def dist(self, store: Store, version: int) -> tuple[bytes, bytes]:
-        """The raw mu and var blobs of dist:{version} (immutable once written)."""
-        return self.wait_for(lambda c: store.dist_blobs(version, client=c), f"distribution version {version}")
+    def dist(self, store: Store, version: int, tag: bytes | None = None) -> tuple[bytes, bytes]:
+        """The raw mu and var blobs of dist:{version} (immutable once written), carrying the run token
+        `tag` that the primary named (a copy of an earlier run of the same id is not there yet)."""
+        return self.wait_for(lambda c: store.dist_blobs(version, client=c, tag=tag), f"distribution version {version}")
 
-    def config_blob(self, store: Store) -> bytes:
-        return self.wait_for(lambda c: store.config_blob(client=c), "the run's config")
-
-    def critic(self, store: Store, at_least: int) -> tuple[int, bytes]:
-        """(version, weights blob) of the critic, of version >= at_least (what the primary named)."""
+    def critic(self, store: Store, at_least: int, tag: bytes | None = None) -> tuple[int, bytes]:
+        """(version, weights blob) of the critic, of version >= at_least (what the primary named) and of
+        this run (`tag`)."""
 
         def get(c: redis.Redis):
-            got = store.critic_blob(client=c)
+            got = store.critic_blob(client=c, tag=tag)
             return None if got is None or got[0] < at_least else got
 
         return self.wait_for(get, f"critic version {at_least}")
@@ -186,17 +197,24 @@ def read_url() -> str | None:
     return os.environ.get(READ_URL_ENV) or None
 
 
-def reader_for(primary: redis.Redis, url: str | None = None) -> ReplicaReader | None:
-    """The process's reader for `primary` ($AESRL_READ_URL unless url is given); None when unset."""
-    url = url or read_url()
-    if not url:
-        return None
+def reader_for(primary: redis.Redis, url: str | None = None) -> ReplicaReader:
+    """The process's reader for `primary`: through the replica $AESRL_READ_URL (or `url`) names, or,
+    when none is named, straight from the primary."""
+    url = url or read_url() or ""
     key = (id(primary), url)
     reader = _READERS.get(key)
     if reader is None:
-        # Fail fast on a dead replica: the primary answers instead (connect()'s default retries ~20 s).
-        client = connect(url, check=False, retries=1, socket_connect_timeout=1.0, socket_timeout=10.0)
+        client = None
+        if url:
+            # Fail fast on a dead replica: the primary answers instead (connect()'s default retries ~20 s).
+            client = connect(url, check=False, retries=1, socket_connect_timeout=1.0, socket_timeout=10.0)
         wait = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S))
         reader = _READERS[key] = ReplicaReader(primary, client, wait_s=wait, url=url)
-        log.info("reading run data from replica %s (wait up to %.2fs for a version)", redact(url), wait)
+        if url:
+            log.info("reading run data from replica %s (wait up to %.2fs for a version)", redact(url), wait)
     return reader
+
+
+def fallbacks() -> int:
+    """Reads of this process meant for its host's replica that went to the primary."""
+    return sum(r.fallbacks() for r in list(_READERS.values()))
