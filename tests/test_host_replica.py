@@ -214,6 +214,10 @@ def test_the_worker_command_runs_a_run_through_its_replica_and_restarts_it(redis
 
     hosts = wait_for(host_up, 10, what="the host to report its link up again")
     assert len(hosts) == 1 and hosts[0]["restarts"] == 1 and hosts[0]["lag_bytes"] >= 0
+    # The replica started again by the supervisor thread dies with the worker command, even by kill -9.
+    restarted = _pid(local)
+    os.kill(procs.procs["workers"].pid, signal.SIGKILL)
+    wait_for(lambda: not _alive(restarted), 10, interval=0.1, what="the host replica to end with its worker command")
     assert served_after, "no job read from the replica after its restart"
 
 
@@ -222,3 +226,11 @@ def _pid(c: redis.Redis) -> int | None:
         return int(c.info("server")["process_id"])
     except redis.RedisError:
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False

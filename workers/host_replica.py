@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import threading
@@ -27,6 +28,7 @@ from typing import Any
 
 import redis
 
+from aesrl_queue import procs
 from aesrl_queue.connection import redact
 from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import host_beat
@@ -95,12 +97,11 @@ class HostReplica:
         return [args[0], str(self._config_file()), *args[1:]]
 
     def _spawn(self) -> None:
-        from aesrl_queue import procs
-        import signal
-
         self.server.binary = self.server.binary or self.server.args()[0]
+        # SIGTERM when this process dies, even by kill -9, also when the supervisor thread (which lives
+        # until stop()) started it again.
         self.server.proc = procs.spawn(self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       death_signal=signal.SIGTERM)
+                                       death_signal=signal.SIGTERM, thread_lives=True)
         deadline = time.monotonic() + 10.0
         client = self.client()
         while True:
