@@ -35,6 +35,9 @@ QUEUE_ES = "aesrl-es"
 # Names under a run's prefix (Store.key) of its streams and of the version each started job uses; the
 # overhead benchmark reads these raw to measure what travels and what is kept (bench/rawkeys.py).
 HISTORY, RESULTS, REPLAY, REFS = "history", "results", "replay", "refs"
+# The pub/sub channel under a run's prefix on which each published version is announced (its number),
+# in the transaction that writes it: replicas deliver it to their subscribers after the bytes.
+ANNOUNCE = "versions"
 # save_checkpoint's parts: the key under the run's prefix, and what a decoding error names.
 CHECKPOINTS = {"optimizer": ("optimizer", "optimizer state"), "critic": ("critic:ckpt", "critic checkpoint"),
                "td3": ("td3:ckpt", "td3 checkpoint")}
@@ -328,6 +331,7 @@ class Store:
         )
         if read_refs:
             c.hvals(self.key("refs"))
+        c.publish(self.key(ANNOUNCE), version)  # after refs: callers index the HVALS reply
 
     def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:
         """μ and var of `version`; CodecError if the version is gone or its blobs are malformed."""
@@ -397,7 +401,7 @@ class Store:
             mu, var = (client or self.r).hmget(self.key(dist_name(version)), ["mu", "var"])
         else:
             mu, var, held = (client or self.r).hmget(self.key(dist_name(version)), ["mu", "var", "tag"])
-            if held != tag:
+            if held is not None and held != tag:  # untagged: written before versions carried tags
                 return None
         return None if mu is None or var is None else (mu, var)
 
@@ -408,7 +412,7 @@ class Store:
         """(version, raw weights blob) of the published critic, None if there is none or, with `tag`,
         if it carries another run token."""
         version, blob, held = (client or self.r).hmget(self.key("critic"), ["version", "weights", "tag"])
-        if tag is not None and held != tag:
+        if tag is not None and held is not None and held != tag:
             return None
         return None if version is None or blob is None else (int(_text(version)), blob)
 

@@ -408,7 +408,7 @@ class Point:
         version = 0
         while not self.stop.is_set():
             version += 1
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(redis.RedisError, codec.CodecError):  # CodecError: no config yet
                 # What the critic daemon writes: the weights, and in the state its version and a step
                 # count that keeps up with the replay (the scheduler then never holds jobs for it).
                 store.publish_critic(version, weights)

@@ -148,6 +148,38 @@ def test_a_job_waits_for_its_version_to_reach_the_replica(pair, clients, monkeyp
     assert r.exists(store.key("dist:6"))
 
 
+def test_a_waiting_job_is_woken_by_the_announcement_of_its_version_not_by_polling(pair, clients, monkeypatch):
+    """The commit that writes dist:{v} also PUBLISHes v; a job whose version is not on the replica yet
+    waits for that announcement (with a 0.1 s backstop) instead of asking the replica every few ms."""
+    p, r = clients
+    store, cfg = _run(p, version=4)
+    wait_for(lambda: _synced(p, r), 60, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=3.0)
+    _detach(r)  # from here the test plays the replication stream by hand
+    _publish(store, cfg, 5)  # named on the primary, not yet on the replica
+
+    def hmgets() -> int:
+        return int(r.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+    def arrives() -> None:  # 0.6 s after the job's first look at the replica
+        wait_for(lambda: hmgets() > before, 10, interval=0.005, what="the job's first look")
+        time.sleep(0.6)
+        r.hset(store.key("dist:5"), mapping=p.hgetall(store.key("dist:5")))
+        r.publish(store.key("versions"), 5)
+
+    before = hmgets()
+    threading.Thread(target=arrives, daemon=True).start()
+    t0 = time.monotonic()
+    version, mu, _var = _begin(ctx, "j9")
+    waited = time.monotonic() - t0
+    assert version == 5 and np.array_equal(mu, _mu(cfg, 5))
+    assert ctx.reader.stats["primary"] == 0 and ctx.reader.stats["waited"] == 1  # the replica served it
+    assert 0.55 <= waited < 2.0, waited
+    # 0.6 s: the first look, ~6 backstop looks and the one after the announcement, where polling every
+    # 1-20 ms asked ~35 times
+    assert hmgets() - before <= 12, hmgets() - before
+
+
 def test_critic_is_at_least_the_version_the_primary_named(pair, clients, monkeypatch):
     p, r = clients
     store, cfg = _run(p, version=1, critic=1)

@@ -17,7 +17,7 @@ import redis
 
 from aesrl_queue.codec import CodecError
 from aesrl_queue.connection import RETRY_ON, connect, redact
-from aesrl_queue.store import Store
+from aesrl_queue.store import ANNOUNCE, Store
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,11 @@ DEFAULT_WAIT_S = 0.25
 BYPASS_AFTER = 3
 BYPASS_S = 5.0
 LAG_BYPASS_S = 1.0
+
+# A job whose version is not on the replica yet waits for the announcement of the next version (a
+# PUBLISH of the scheduler's commit, replicated after the version's bytes) rather than polling; it
+# looks again at least this often, in case an announcement came before its subscription.
+ANNOUNCE_BACKSTOP_S = 0.1
 
 T = TypeVar("T")
 # A replica that is down, loading, or refusing (MASTERDOWN with replica-serve-stale-data no).
@@ -64,6 +69,7 @@ class ReplicaReader:
         self._errors = 0  # of them, the ones where the replica failed to answer (not merely lagged)
         self._bypass_until = 0.0
         self._lag_bypass_s = LAG_BYPASS_S  # the next skip for lagging; back to LAG_BYPASS_S after a hit
+        self._subs: dict[str, redis.client.PubSub] = {}  # announcement channels subscribed on the replica
         # Counters, for logs, tests and the scale benchmark.
         self.stats = {"replica": 0, "waited": 0, "primary": 0, "errors": 0}
 
@@ -137,10 +143,45 @@ class ReplicaReader:
             self._count("primary")
         return fn(self.primary)
 
-    def wait_for(self, fn: Callable[[redis.Redis], T | None], what: str) -> T:
+    def _listener(self, channel: str) -> redis.client.PubSub | None:
+        """A subscription on the replica to `channel` (kept for the process), None if it fails."""
+        sub = self._subs.get(channel)
+        if sub is None:
+            try:
+                sub = self.replica.pubsub(ignore_subscribe_messages=True)
+                sub.subscribe(channel)
+            except _REPLICA_ERRORS:
+                return None
+            self._subs[channel] = sub
+        return sub
+
+    def _announced(self, sub: redis.client.PubSub | None, timeout: float) -> None:
+        """Wait up to `timeout` for an announcement on `sub` (without one, sleep `timeout`)."""
+        if sub is None:
+            time.sleep(timeout)
+            return
+        try:
+            sub.get_message(timeout=timeout)
+        except _REPLICA_ERRORS:
+            self._subs = {k: v for k, v in self._subs.items() if v is not sub}
+            time.sleep(timeout)
+
+    @staticmethod
+    def _drain(sub: redis.client.PubSub | None) -> None:
+        """Drop the announcements of earlier versions that queued up between jobs."""
+        try:
+            while sub is not None and sub.get_message(timeout=0.0) is not None:
+                pass
+        except _REPLICA_ERRORS:
+            pass
+
+    def wait_for(self, fn: Callable[[redis.Redis], T | None], what: str, channel: str | None = None) -> T:
         """fn(replica) until it returns something other than None (up to wait_s), else fn(primary).
 
-        `fn` returns None for "not there yet"; CodecError when the primary does not have it either."""
+        `fn` returns None for "not there yet"; CodecError when the primary does not have it either.
+        With `channel`, a replica that lacks it is asked again when the primary's announcement of a
+        new version reaches the replica (a PUBLISH inside the commit that wrote it, replicated in
+        order after the write), and at the latest every ANNOUNCE_BACKSTOP_S."""
         if self.replica is None:
             out = fn(self.primary)
             if out is None:
@@ -150,6 +191,8 @@ class ReplicaReader:
             deadline = time.monotonic() + self.wait_s
             delay = 0.001
             waited = False
+            sub = self._listener(channel) if channel else None
+            self._drain(sub)
             try:
                 while True:
                     out = fn(self.replica)
@@ -158,11 +201,15 @@ class ReplicaReader:
                         if waited:
                             self._count("waited")
                         return out
-                    if time.monotonic() + delay > deadline:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (sub is None and delay > left):
                         break
                     waited = True
-                    time.sleep(delay)
-                    delay = min(2 * delay, 0.02)
+                    if sub is not None:
+                        self._announced(sub, min(left, ANNOUNCE_BACKSTOP_S))
+                    else:
+                        time.sleep(delay)
+                        delay = min(2 * delay, 0.02)
                 self._miss(f"{what} not on the replica after {self.wait_s:.2f}s")
             except _REPLICA_ERRORS as exc:
                 self._count("errors")
@@ -177,7 +224,8 @@ class ReplicaReader:
     def dist(self, store: Store, version: int, tag: bytes | None = None) -> tuple[bytes, bytes]:
         """The raw mu and var blobs of dist:{version} (immutable once written), carrying the run token
         `tag` that the primary named (a copy of an earlier run of the same id is not there yet)."""
-        return self.wait_for(lambda c: store.dist_blobs(version, client=c, tag=tag), f"distribution version {version}")
+        return self.wait_for(lambda c: store.dist_blobs(version, client=c, tag=tag), f"distribution version {version}",
+                             channel=store.key(ANNOUNCE))
 
     def critic(self, store: Store, at_least: int, tag: bytes | None = None) -> tuple[int, bytes]:
         """(version, weights blob) of the critic, of version >= at_least (what the primary named) and of
