@@ -47,8 +47,8 @@ __all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "Scheduler", "make_scheduler", "uses_rl
 COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state fields others write
 # Versions of μ/var published per second, at most. Every result is still told as it arrives; a
 # commit that would publish a new version sooner than 1/PUBLISH_HZ after the last one waits, its
-# results in memory with last_result_id, so a restart tells them again. Each worker host's replica or
-# relay receives every published version (1.03 MB at 129k parameters): 10 a second caps that at ~10
+# results in memory with last_result_id, so a restart tells them again. Each worker host's replica
+# receives every published version (1.03 MB at 129k parameters): 10 a second caps that at ~10
 # MB/s per host, and a run below 10 results/s (up to ~10 workers with 1 s jobs) commits every result
 # at once, as it would unpaced (docs/scaling.md). The pace never holds a worker back: while a commit
 # waits, each read still refills the free slots with jobs on the last published version (_refill).

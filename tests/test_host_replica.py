@@ -204,6 +204,7 @@ def test_the_worker_command_runs_a_run_through_its_replica_and_restarts_it(redis
                      interval=0.5, what="results after the restart", on_fail=procs.logs)
     check_exactly_once(client, store)
     assert store.state_field("results_applied") > applied  # jobs went on after the restart
+    print(f"the host held at most {peak / 1e6:.1f} MB of the run")
     assert peak <= 50e6, f"the host held {peak / 1e6:.1f} MB of the run"
     assert "starting it again" in procs.log("workers")
     from cli.report import gather
