@@ -235,3 +235,32 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_the_replica_follows_a_tls_primary_over_tls(tmp_path):
+    import shutil
+
+    from tests.test_security import TlsRedisServer, _make_certs
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: cannot make a test certificate")
+    certs = _make_certs(tmp_path / "certs")
+    server = TlsRedisServer(certs, directory=tmp_path / "primary", password=PW,
+                            extra_args=["--repl-diskless-sync-delay", "0"])
+    try:
+        server.start()
+    except RuntimeError as exc:
+        if "tls" in str(exc).lower():
+            pytest.skip(f"this redis-server was built without TLS support: {exc}")
+        raise
+    h = host_replica.HostReplica(server.url, directory=tmp_path / "host")
+    try:
+        h.start()
+        assert h.wait_synced(20), h.server._log_tail()
+        redis.Redis.from_url(server.url).set("k", "over tls")
+        wait_for(lambda: h.client().get("k") == b"over tls", 10, what="the write to reach the host over TLS")
+        assert "tls-replication yes" in (h.server.directory / "replica.conf").read_text()
+    finally:
+        h.stop()
+        server.cleanup()

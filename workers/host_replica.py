@@ -40,11 +40,16 @@ CHECK_S = 1.0  # seconds between looks at the replica's process: a dead one is b
 BEAT_S = 2.0  # seconds between the host's reports to the primary
 
 
-def _source(url: str) -> tuple[str, int, str | None, bool]:
-    """(host, port, password, tls) of a redis:// or rediss:// URL."""
+def _source(url: str) -> tuple[str, int, str | None, dict[str, str] | None]:
+    """(host, port, password, TLS files or None) of a redis:// or rediss:// URL; the TLS files are
+    the CA (`ssl_ca_certs` in the URL, else $AESRL_REDIS_CA) and a client certificate and key
+    (`ssl_certfile`, `ssl_keyfile`) where the URL names them."""
     pool = redis.ConnectionPool.from_url(url)
     kw = pool.connection_kwargs
-    tls = issubclass(pool.connection_class, redis.SSLConnection)
+    tls = None
+    if issubclass(pool.connection_class, redis.SSLConnection):
+        tls = {"ca": kw.get("ssl_ca_certs") or os.environ.get("AESRL_REDIS_CA") or "",
+               "cert": kw.get("ssl_certfile") or "", "key": kw.get("ssl_keyfile") or ""}
     return str(kw.get("host", "127.0.0.1")), int(kw.get("port", 6379)), kw.get("password"), tls
 
 
@@ -78,16 +83,35 @@ class HostReplica:
                  "replica-serve-stale-data yes", "repl-diskless-load on-empty-db"]
         if auth:
             lines.append(f"masterauth {auth}")
-        if tls:  # the source speaks TLS: so does the link (the CA is the one the workers use)
+        if tls is not None:  # the source speaks TLS: so does the link (the CA is the one the workers use)
             lines.append("tls-replication yes")
-            ca = os.environ.get("AESRL_REDIS_CA")
-            if ca:
-                lines.append(f"tls-ca-cert-file {ca}")
+            if not (tls["cert"] and tls["key"]):  # Redis needs a certificate of its own to speak TLS at all
+                tls["cert"], tls["key"] = self._own_certificate()
+            for name, value in (("tls-ca-cert-file", tls["ca"]), ("tls-cert-file", tls["cert"]),
+                                ("tls-key-file", tls["key"])):
+                if value:
+                    lines.append(f"{name} {value}")
         path = self.server.directory / "replica.conf"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write("\n".join(lines) + "\n")
         return path
+
+    def _own_certificate(self) -> tuple[str, str]:
+        """A self-signed certificate and key for the replica's side of a TLS link (a source that
+        checks client certificates, `tls-auth-clients yes`, needs one signed by its CA instead:
+        name it in the URL as ssl_certfile and ssl_keyfile)."""
+        cert, key = self.server.directory / "replica.crt", self.server.directory / "replica.key"
+        if not (cert.exists() and key.exists()):
+            try:
+                subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                                "-out", str(cert), "-days", "3650", "-subj", "/CN=aesrl-host-replica"],
+                               check=True, capture_output=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise RuntimeError("a TLS source needs a client certificate for the host replica: put "
+                                   f"ssl_certfile and ssl_keyfile in its URL (openssl could not make one: {exc})") from None
+            os.chmod(key, 0o600)
+        return str(cert), str(key)
 
     def _args(self) -> list[str]:
         args = self.server.args()
