@@ -65,6 +65,10 @@ class _Pending:
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] | None = None  # only the last best of a commit is kept
         self.moved: Update | None = None  # the last update that made a new version
+        # keys of the RL individuals told since the last commit: deleted by it where nothing reads them
+        # again (a restart re-tells only what comes after the commit), so that neither the primary nor
+        # a host's replica keeps 0.5 MB per RL result for the key's TTL
+        self.individuals: list[str] = []
 
 
 class Scheduler:
@@ -80,6 +84,9 @@ class Scheduler:
         self.r_once = without_retries(client)
         self.cfg = cfg
         self.store = Store(client, cfg.run_id)
+        # Only an optimizer that tells each result at once never reads an RL individual again; one
+        # that tells generations keeps its members' keys in its state until the generation closes.
+        self.drop_individuals = algorithm(cfg.algo).tells == "result"
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: publish after every read, however fast results come
@@ -251,6 +258,8 @@ class Scheduler:
         checkpoint = opt.state()
         store.save_checkpoint("optimizer", checkpoint, pipe=pipe)
         store.forget_jobs(pending.forget, pipe=pipe)
+        if pending.individuals:
+            pipe.unlink(*pending.individuals)
         self.dispatch.enqueue(specs, pipe=pipe)
         for name, amount in pending.incr.items():
             store.incr(name, amount, pipe=pipe)
@@ -344,6 +353,8 @@ class Scheduler:
             self.applied["results_applied"] += 1
             self.applied[f"{res.kind}_applied"] += 1
         self._done(res.job, forget)
+        if res.kind == "rl" and self.drop_individuals and res.ind == self.store.key(f"ind:{res.job}"):
+            self.pending.individuals.append(res.ind)  # its own key only, whatever a result names
         return update
 
     def _done(self, job: str, forget: list[str]) -> None:
