@@ -384,8 +384,8 @@ def evaluate(
         if kind not in ("es", "rl"):
             raise JobRejected(f"job kind {kind!r} is not es/rl")
         ctx = _context(client, run)
-        if spec_hash != ctx.spec_hash:  # perhaps the run was started over: read its config again
-            ctx = _context(client, run, fresh=True)
+        if spec_hash != ctx.spec_hash and Store(client, run).token().encode() != ctx.token:
+            ctx = _context(client, run, fresh=True)  # the run was started over under this id
         store = ctx.store
         if spec_hash != ctx.spec_hash:
             raise JobRejected(
