@@ -399,6 +399,8 @@ class Point:
             # Of that, the replication stream to the host replicas (Redis's own count of it).
             "repl_MB_per_result_per_host": net["repl_out"] / per / 1e6 / max(1, len(reps)),
             "loadavg": list(os.getloadavg()),
+            # What the busiest host replica holds at the end of the window (this run's keys and RQ's).
+            "replica_used_MB": max((c.info("memory")["used_memory"] / 1e6 for c in rep_clients), default=0.0),
         }
 
 
