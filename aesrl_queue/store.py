@@ -36,7 +36,7 @@ QUEUE_ES = "aesrl-es"
 # overhead benchmark reads these raw to measure what travels and what is kept (bench/rawkeys.py).
 HISTORY, RESULTS, REPLAY, REFS = "history", "results", "replay", "refs"
 # The pub/sub channel under a run's prefix on which each published version is announced (its number),
-# in the transaction that writes it: replicas deliver it to their subscribers after the bytes.
+# right after the commit that writes it: replicas deliver it to their subscribers after the bytes.
 ANNOUNCE = "versions"
 # save_checkpoint's parts: the key under the run's prefix, and what a decoding error names.
 CHECKPOINTS = {"optimizer": ("optimizer", "optimizer state"), "critic": ("critic:ckpt", "critic checkpoint"),
@@ -331,7 +331,12 @@ class Store:
         )
         if read_refs:
             c.hvals(self.key("refs"))
-        c.publish(self.key(ANNOUNCE), version)  # after refs: callers index the HVALS reply
+
+    def announce(self, version: int) -> None:
+        """Tell the hosts that `version` is published (after the commit that wrote it: a replica
+        delivers the message after the bytes). A hint only: a job waiting for a version also looks
+        again every 0.1 s."""
+        self.r.publish(self.key(ANNOUNCE), version)
 
     def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:
         """μ and var of `version`; CodecError if the version is gone or its blobs are malformed."""

@@ -87,6 +87,7 @@ class Scheduler:
         # Only an optimizer that tells each result at once never reads an RL individual again; one
         # that tells generations keeps its members' keys in its state until the generation closes.
         self.drop_individuals = algorithm(cfg.algo).tells == "result"
+        self.announcing = True  # False once the Redis user turns out not to be allowed the channel
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: publish after every read, however fast results come
@@ -273,6 +274,21 @@ class Scheduler:
         self.pending = _Pending()
         if refs_at is not None:
             self._drop_unreferenced(replies[refs_at], previous=published)
+            self._announce(opt.version)
+
+    def _announce(self, version: int) -> None:
+        """Announce a published version to the jobs waiting for it on their hosts' replicas; a user
+        whose ACL lacks the channel (`&aesrl:*`) is told once, and jobs then look every 0.1 s."""
+        if not self.announcing:
+            return
+        try:
+            self.store.announce(version)
+        except redis.exceptions.NoPermissionError as exc:
+            self.announcing = False
+            log.warning("run %s: versions are not announced (%s): allow the channels &aesrl:* to this "
+                        "Redis user (docs/security.md); jobs waiting for a version look every 0.1 s", self.cfg.run_id, exc)
+        except redis.RedisError as exc:  # the commit went through; a missed announcement only delays
+            log.debug("announcement of version %d failed: %s", version, exc)
 
     def _refill(self) -> None:
         """Ask for the free slots and enqueue the jobs now, while the told results wait for their commit.

@@ -169,9 +169,10 @@ class ReplicaReader:
     @staticmethod
     def _drain(sub: redis.client.PubSub | None) -> None:
         """Drop the announcements of earlier versions that queued up between jobs."""
+        quiet = 0
         try:
-            while sub is not None and sub.get_message(timeout=0.0) is not None:
-                pass
+            while sub is not None and quiet < 2:  # a None also stands for a subscription's own reply
+                quiet = 0 if sub.get_message(timeout=0.0) is not None else quiet + 1
         except _REPLICA_ERRORS:
             pass
 
