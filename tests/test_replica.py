@@ -149,7 +149,7 @@ def test_a_job_waits_for_its_version_to_reach_the_replica(pair, clients, monkeyp
 
 
 def test_a_waiting_job_is_woken_by_the_announcement_of_its_version_not_by_polling(pair, clients, monkeypatch):
-    """The commit that writes dist:{v} also PUBLISHes v; a job whose version is not on the replica yet
+    """The scheduler PUBLISHes v after the commit that writes dist:{v}; a job whose version is not on the replica yet
     waits for that announcement (with a 0.1 s backstop) instead of asking the replica every few ms."""
     p, r = clients
     store, cfg = _run(p, version=4)

@@ -37,7 +37,7 @@ BYPASS_S = 5.0
 LAG_BYPASS_S = 1.0
 
 # A job whose version is not on the replica yet waits for the announcement of the next version (a
-# PUBLISH of the scheduler's commit, replicated after the version's bytes) rather than polling; it
+# PUBLISH right after the scheduler's commit, replicated after the version's bytes) rather than polling; it
 # looks again at least this often, in case an announcement came before its subscription.
 ANNOUNCE_BACKSTOP_S = 0.1
 
@@ -181,7 +181,7 @@ class ReplicaReader:
 
         `fn` returns None for "not there yet"; CodecError when the primary does not have it either.
         With `channel`, a replica that lacks it is asked again when the primary's announcement of a
-        new version reaches the replica (a PUBLISH inside the commit that wrote it, replicated in
+        new version reaches the replica (a PUBLISH right after the commit that wrote it, replicated in
         order after the write), and at the latest every ANNOUNCE_BACKSTOP_S."""
         if self.replica is None:
             out = fn(self.primary)
