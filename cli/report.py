@@ -122,6 +122,7 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
         h = troubled[0]
         out["problem"] = (f"host {h['host']} reads from the primary: {h['fallbacks']} fallbacks, replica link "
                           f"{h['link'] or 'unknown'}" + (f" (and {len(troubled) - 1} more hosts)" if len(troubled) > 1 else ""))
+        out["problem_hint"] = out["problem_hint"] or f"host {h['host']} falls back to the primary"
     return out
 
 

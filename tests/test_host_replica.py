@@ -145,7 +145,7 @@ def test_a_corrupt_entry_of_one_run_does_not_stop_another(primary, reading):
 
 
 def test_status_shows_each_host_and_a_problem_line_when_one_falls_back(client):
-    from cli.report import gather, render
+    from cli.report import gather, render, render_line
 
     _run(client, "st", "es", created_at=1.0, mu=0.0)
     host_beat(client, "hostA:1", {"host": "hostA", "pid": 1, "link": "up", "lag_bytes": 0, "io_s": 0, "restarts": 0})
@@ -157,6 +157,7 @@ def test_status_shows_each_host_and_a_problem_line_when_one_falls_back(client):
     s = gather(client, "st")
     assert s["problem"].startswith("host hostA reads from the primary: 7 fallbacks")
     assert "problem: host hostA" in render(s)
+    assert "problem: host hostA falls back to the primary" in render_line(s)  # `status --watch` off a terminal
 
 
 @pytest.mark.slow
