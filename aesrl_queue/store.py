@@ -495,8 +495,12 @@ class Store:
         return _text(pipe.execute()[0])
 
     # -- individuals ------------------------------------------------------------------------------
+    def individual_key(self, job: str) -> str:
+        """The key an RL job stores its trained individual under."""
+        return self.key(f"ind:{job}")
+
     def put_individual(self, job: str, params: np.ndarray, ttl: int) -> str:
-        key = self.key(f"ind:{job}")
+        key = self.individual_key(job)
         self.r.set(key, codec.encode_array(params), ex=max(1, int(ttl)))
         return key
 

@@ -369,7 +369,7 @@ class Scheduler:
             self.applied["results_applied"] += 1
             self.applied[f"{res.kind}_applied"] += 1
         self._done(res.job, forget)
-        if res.kind == "rl" and self.drop_individuals and res.ind == self.store.key(f"ind:{res.job}"):
+        if res.kind == "rl" and self.drop_individuals and res.ind == self.store.individual_key(res.job):
             self.pending.individuals.append(res.ind)  # its own key only, whatever a result names
         return update
 
