@@ -12,6 +12,10 @@ ENV PYTHONUNBUFFERED=1 \
     MKL_NUM_THREADS=1
 
 WORKDIR /app
+# `aesrl-queue worker` starts a replica of the primary on every worker machine: the same Redis as
+# docker-compose.yml's primary (a replica must be as new as its source to load its data), built for
+# the same Debian as this image.
+COPY --from=redis:7.4-bookworm /usr/local/bin/redis-server /usr/local/bin/redis-server
 RUN pip install --no-cache-dir "$TORCH_SPEC"
 COPY setup.cfg pyproject.toml README.md ./
 COPY aesrl_queue aesrl_queue

@@ -42,7 +42,7 @@ def _prctl():
     return _libc.prctl if _libc else None
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent(sig: int = signal.SIGKILL, thread_lives: bool = False) -> Callable[[], None]:
     """A preexec_fn: the child gets `sig` when the parent's starting thread ends (Linux only).
 
     If the parent is already gone when the child gets here (it died between fork and prctl),
@@ -50,8 +50,10 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     """
     parent = os.getpid()
     # The signal follows the *thread* that forked: a child started from a short-lived thread
-    # would die with that thread, so only children of the main thread ask for it.
-    prctl = _prctl() if threading.current_thread() is threading.main_thread() else None
+    # would die with that thread, so only children of the main thread ask for it, and those of a
+    # thread that lives as long as the child should (`thread_lives`: a supervisor's).
+    main = threading.current_thread() is threading.main_thread()
+    prctl = _prctl() if main or thread_lives else None
 
     def preexec() -> None:
         if prctl is not None:
@@ -64,8 +66,10 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
 
 def spawn(cmd: list[str], *, log_file: str | os.PathLike | None = None, env: dict[str, str] | None = None,
           cwd: str | os.PathLike | None = None, death_signal: int = signal.SIGKILL,
-          stdout=None, stderr=None) -> subprocess.Popen:
-    """Start `cmd` in its own session, ended with `death_signal` when this process dies.
+          stdout=None, stderr=None, thread_lives: bool = False) -> subprocess.Popen:
+    """Start `cmd` in its own session, ended with `death_signal` when this process dies (or, from
+    another thread than the main one, when that thread ends, if `thread_lives` says it lives as long
+    as this process; else the child outlives a kill -9 of this process).
 
     With `log_file`, stdout and stderr go (appended) to that file.
     """
@@ -75,7 +79,7 @@ def spawn(cmd: list[str], *, log_file: str | os.PathLike | None = None, env: dic
         stdout, stderr = out, subprocess.STDOUT
     try:
         return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, cwd=cwd, start_new_session=True,
-                                preexec_fn=die_with_parent(death_signal))
+                                preexec_fn=die_with_parent(death_signal, thread_lives))
     finally:
         if out is not None:
             out.close()

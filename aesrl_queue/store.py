@@ -28,13 +28,16 @@ RUNS_KEY = "aesrl:runs"  # zset run_id -> created_at: every run on this Redis
 WORKERS_KEY = "aesrl:workers"  # set of worker names that heartbeat
 WORKER_KEY = "aesrl:worker:{name}"  # hash with a short TTL, refreshed by the worker's heartbeat
 WORKER_TTL = 10  # seconds a worker counts as live after its last heartbeat
-RELAYS_KEY = "aesrl:relays"  # set of the hosts whose relay heartbeats (workers/relay.py)
-RELAY_KEY = "aesrl:relay:{name}"  # hash with WORKER_TTL: what the host's relay has copied
+HOSTS_KEY = "aesrl:hosts"  # set of the hosts whose replica reports (workers/host_replica.py)
+HOST_KEY = "aesrl:host:{name}"  # hash with WORKER_TTL: the host replica's link, lag and restarts
 QUEUE_RL = "aesrl-rl"
 QUEUE_ES = "aesrl-es"
 # Names under a run's prefix (Store.key) of its streams and of the version each started job uses; the
 # overhead benchmark reads these raw to measure what travels and what is kept (bench/rawkeys.py).
 HISTORY, RESULTS, REPLAY, REFS = "history", "results", "replay", "refs"
+# The pub/sub channel under a run's prefix on which each published version is announced (its number),
+# right after the commit that writes it: replicas deliver it to their subscribers after the bytes.
+ANNOUNCE = "versions"
 # save_checkpoint's parts: the key under the run's prefix, and what a decoding error names.
 CHECKPOINTS = {"optimizer": ("optimizer", "optimizer state"), "critic": ("critic:ckpt", "critic checkpoint"),
                "td3": ("td3:ckpt", "td3 checkpoint")}
@@ -120,16 +123,17 @@ return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(res))
 # A worker starts a job: atomically check the job is still wanted, and record which version this job
 # uses, so the scheduler keeps that version until the result is in. Returns the version and the
 # critic's version: the primary decides which version the job uses; its μ/var bytes are read apart
-# (`dist_blobs`, from the primary, the host's relay or a replica), never through Lua, where a 1 MB
-# reply costs Redis ~2 ms against ~0.1 ms for a plain HMGET. KEYS: state, inflight, started, refs.
-# ARGV: job, started info, run prefix.
+# (`dist_blobs`, from the host's replica or the primary), never through Lua, where a 1 MB reply costs
+# Redis ~2 ms against ~0.1 ms for a plain HMGET. The third value is the run's token as that version
+# holds it (`tag`): a copy of dist:{v} with another token belongs to an earlier run of the same id.
+# KEYS: state, inflight, started, refs. ARGV: job, started info, run prefix.
 _START_JOB = """
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return false end
 local v = redis.call('HGET', KEYS[1], 'version')
 if not v then return false end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[1], v)
-return {v, redis.call('HGET', ARGV[3] .. 'critic', 'version')}
+return {v, redis.call('HGET', ARGV[3] .. 'critic', 'version'), redis.call('HGET', ARGV[3] .. 'dist:' .. v, 'tag')}
 """
 # Read-only: the current version and its μ (for the evaluation of the mean). KEYS: state. ARGV: prefix.
 _READ_MU = """
@@ -137,30 +141,6 @@ local v = redis.call('HGET', KEYS[1], 'version')
 if not v then return false end
 return {v, redis.call('HGET', ARGV[1] .. 'dist:' .. v, 'mu')}
 """
-# For a host's relay: the replay entries after ARGV[1] (up to ARGV[2]) with only the fields a mirror
-# keeps (len, job, obs: 68 of 168 KB of a HalfCheetah episode), preceded by the id of the oldest entry
-# still held (what a mirror trims to): an id, not the entry, whose 168 KB would cross the network.
-# KEYS: replay.
-_READ_REPLAY_OBS = """
-local rows = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
-if #rows == 0 then return {} end
-local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
-local out = {first[1][1]}
-for i, row in ipairs(rows) do
-  local f = row[2]
-  local kept = {}
-  for j = 1, #f, 2 do
-    if f[j] == 'len' or f[j] == 'job' or f[j] == 'obs' then
-      kept[#kept + 1] = f[j]
-      kept[#kept + 1] = f[j + 1]
-    end
-  end
-  out[i + 1] = {row[1], kept}
-end
-return out
-"""
-
-
 @dataclass
 class Result:
     """One entry of the results stream, decoded and validated."""
@@ -253,7 +233,6 @@ class Store:
         self._finish_job = client.register_script(_FINISH_JOB)
         self._start_job = client.register_script(_START_JOB)
         self._read_mu = client.register_script(_READ_MU)
-        self._read_replay_obs = client.register_script(_READ_REPLAY_OBS)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -277,6 +256,12 @@ class Store:
             raise ValueError(f"run {self.run_id}: a new config must keep the spec {self.config().spec_hash}")
         self.r.set(self.key("config"), codec.pack(cfg.to_dict()))
         self._config = cfg
+
+    def token(self) -> str:
+        """What tells this run from an earlier one of the same id (its creation time): published
+        versions and critics carry it, so a host's copy of a deleted run's data is never taken for
+        this run's."""
+        return repr(float(self.config().created_at))
 
     def exists(self) -> bool:
         return bool(self.r.exists(self.key("config")))
@@ -341,10 +326,17 @@ class Store:
         c.hset(
             self.key(dist_name(version)),
             # Views, not copies: the pipeline sends them before anyone could change the arrays.
-            mapping={"mu": codec.array_view(mu), "var": codec.array_view(var), "version": version},
+            mapping={"mu": codec.array_view(mu), "var": codec.array_view(var), "version": version,
+                     "tag": self.token()},
         )
         if read_refs:
             c.hvals(self.key("refs"))
+
+    def announce(self, version: int) -> None:
+        """Tell the hosts that `version` is published (after the commit that wrote it: a replica
+        delivers the message after the bytes). A hint only: a job waiting for a version also looks
+        again every 0.1 s."""
+        self.r.publish(self.key(ANNOUNCE), version)
 
     def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:
         """μ and var of `version`; CodecError if the version is gone or its blobs are malformed."""
@@ -406,17 +398,27 @@ class Store:
         """[current version, its μ blob] in one atomic read (on `client`, e.g. a replica)."""
         return self._read_mu(keys=[self.key("state")], args=[self.prefix], client=client or self.r) or None
 
-    def dist_blobs(self, version: int, client: redis.Redis | None = None) -> tuple[bytes, bytes] | None:
-        """The raw μ and var blobs of dist:{version} (immutable once written), None if absent."""
-        mu, var = (client or self.r).hmget(self.key(dist_name(version)), ["mu", "var"])
+    def dist_blobs(self, version: int, client: redis.Redis | None = None,
+                   tag: bytes | None = None) -> tuple[bytes, bytes] | None:
+        """The raw μ and var blobs of dist:{version} (immutable once written), None if absent or, with
+        `tag`, if the copy there carries another run token (an earlier run of the same id)."""
+        if tag is None:
+            mu, var = (client or self.r).hmget(self.key(dist_name(version)), ["mu", "var"])
+        else:
+            mu, var, held = (client or self.r).hmget(self.key(dist_name(version)), ["mu", "var", "tag"])
+            if held is not None and held != tag:  # untagged: written before versions carried tags
+                return None
         return None if mu is None or var is None else (mu, var)
 
     def config_blob(self, client: redis.Redis | None = None) -> bytes | None:
         return (client or self.r).get(self.key("config"))
 
-    def critic_blob(self, client: redis.Redis | None = None) -> tuple[int, bytes] | None:
-        """(version, raw weights blob) of the published critic, None if there is none."""
-        version, blob = (client or self.r).hmget(self.key("critic"), ["version", "weights"])
+    def critic_blob(self, client: redis.Redis | None = None, tag: bytes | None = None) -> tuple[int, bytes] | None:
+        """(version, raw weights blob) of the published critic, None if there is none or, with `tag`,
+        if it carries another run token."""
+        version, blob, held = (client or self.r).hmget(self.key("critic"), ["version", "weights", "tag"])
+        if tag is not None and held is not None and held != tag:
+            return None
         return None if version is None or blob is None else (int(_text(version)), blob)
 
     # -- replay ---------------------------------------------------------------------------------
@@ -483,29 +485,6 @@ class Store:
         resp = c.xread({self.key(name): after}, count=count, block=block_ms)
         return [(_text(i), f) for _, entries in resp for i, f in entries] if resp else []
 
-    def relay_replay(self, dest: redis.Redis, after: str, count: int = 500) -> tuple[str, int] | None:
-        """Copy up to `count` replay entries after `after` into the same stream on `dest` (a host's
-        relay), under their own ids and with the fields a replay mirror keeps (len, job, obs), and
-        drop there what the primary dropped. Returns the last id copied and the bytes of the fields
-        copied, None when nothing was new.
-        After "0-0" it starts after what `dest` already holds (a relay that restarted)."""
-        key = self.key("replay")
-        if after == "0-0":
-            last = dest.xrevrange(key, count=1)
-            after = _text(last[0][0]) if last else after
-        got = self._read_replay_obs(keys=[key], args=[after, count])
-        if not got:
-            return None
-        first, rows = got[0], got[1:]
-        pipe = dest.pipeline(transaction=False)
-        size = 0
-        for entry_id, fields in rows:
-            pipe.xadd(key, dict(zip(fields[::2], fields[1::2], strict=True)), id=entry_id)
-            size += sum(len(f) for f in fields)
-        pipe.xtrim(key, minid=first, approximate=False)  # exactly what the primary holds
-        pipe.execute()
-        return _text(rows[-1][0]), size
-
     # -- results --------------------------------------------------------------------------------
     def append_result(self, fields: dict[str, Any], extra_interactions: int = 0) -> str:
         pipe = self.r.pipeline()
@@ -516,8 +495,12 @@ class Store:
         return _text(pipe.execute()[0])
 
     # -- individuals ------------------------------------------------------------------------------
+    def individual_key(self, job: str) -> str:
+        """The key an RL job stores its trained individual under."""
+        return self.key(f"ind:{job}")
+
     def put_individual(self, job: str, params: np.ndarray, ttl: int) -> str:
-        key = self.key(f"ind:{job}")
+        key = self.individual_key(job)
         self.r.set(key, codec.encode_array(params), ex=max(1, int(ttl)))
         return key
 
@@ -531,7 +514,8 @@ class Store:
 
     # -- critic -----------------------------------------------------------------------------------
     def publish_critic(self, version: int, weights: dict[str, np.ndarray], pipe=None) -> None:
-        (pipe or self.r).hset(self.key("critic"), mapping={"version": version, "weights": codec.pack(weights)})
+        (pipe or self.r).hset(self.key("critic"), mapping={"version": version, "weights": codec.pack(weights),
+                                                            "tag": self.token()})
 
     def critic_version(self, client: redis.Redis | None = None) -> int:
         value = (client or self.r).hget(self.key("critic"), "version")
@@ -697,9 +681,9 @@ def worker_beat(client: redis.Redis, name: str, fields: dict[str, Any]) -> None:
     _beat(client, WORKER_KEY.format(name=name), WORKERS_KEY, name, fields)
 
 
-def relay_beat(client: redis.Redis, name: str, fields: dict[str, Any]) -> None:
-    """A host's relay says what it has copied (`status` lists it), as a worker's heartbeat does."""
-    _beat(client, RELAY_KEY.format(name=name), RELAYS_KEY, name, fields)
+def host_beat(client: redis.Redis, name: str, fields: dict[str, Any]) -> None:
+    """A host's replica says how it follows its source (`status` lists it), as a worker's heartbeat does."""
+    _beat(client, HOST_KEY.format(name=name), HOSTS_KEY, name, fields)
 
 
 def _beat(client: redis.Redis, key: str, members: str, name: str, fields: dict[str, Any]) -> None:
@@ -718,7 +702,7 @@ def worker_gone(client: redis.Redis, name: str) -> None:
 
 
 def worker_ages(client: redis.Redis, names: list[str], key_format: str = WORKER_KEY) -> list[float | None]:
-    """Seconds since each worker's (or with RELAY_KEY, relay's) last heartbeat, from its key's TTL
+    """Seconds since each worker's (or with HOST_KEY, host replica's) last heartbeat, from its key's TTL
     (Redis's clock, not the host's); None where the key is gone or has no TTL."""
     if not names:
         return []
@@ -734,9 +718,9 @@ def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
     return _live(client, WORKERS_KEY, WORKER_KEY)
 
 
-def live_relays(client: redis.Redis) -> dict[str, dict[str, str]]:
-    """The hosts' relays that heartbeat, with what each has copied; prunes the dead from the set."""
-    return _live(client, RELAYS_KEY, RELAY_KEY)
+def live_hosts(client: redis.Redis) -> dict[str, dict[str, str]]:
+    """The hosts whose replica reports, with its link and lag; prunes the dead from the set."""
+    return _live(client, HOSTS_KEY, HOST_KEY)
 
 
 def _live(client: redis.Redis, members: str, key_format: str) -> dict[str, dict[str, str]]:

@@ -9,17 +9,17 @@ that waits between results is) and commits once. A round lasts 0.1 s, so at the 
 commits a second a batch of B stands for B·10 results/s. Measured per result: the loop thread's CPU
 (read + tell + commit), the ε thread's CPU, Redis's command time by command (INFO commandstats; the
 start and finish scripts are the workers') and its command thread's CPU (commands and socket I/O,
-/proc/PID/schedstat). `--relays H` runs H real relays (workers/relay.py) in processes of their own,
-each into a loopback Redis, as H hosts would: they copy every version the loop publishes, and the
-jobs read μ/var from them instead of the primary; what the relays cost the primary with no results
-(their polls and heartbeats) is measured first, per host and second. Last, RQ's own Redis cost per
+/proc/PID/schedstat). `--replicas H` starts H host replicas (redis-server --replicaof the primary, as
+`aesrl-queue worker` does on each host): Redis's replication sends them every write, and the jobs
+read μ/var from them instead of the primary; what they cost the primary with no results (their
+acknowledgements) is measured first, per host and second. Last, RQ's own Redis cost per
 job: the enqueue and an AesrlWorker's dequeue and bookkeeping of no-op jobs. `--profile` prints the
 loop thread's top functions (cProfile, by the thread's CPU time).
 
 Batch 100 is the 1,000 results/s the scaling targets name: the last lines add up what one primary's
 Redis and the scheduler spend per result there.
 
-Usage: python bench/loop_cost.py [--batch 10,100] [--per-read 0,1] [--results 1500] [--relays 4] [--algo aesrl] [--profile] [--out PATH]
+Usage: python bench/loop_cost.py [--batch 10,100] [--per-read 0,1] [--results 1500] [--replicas 4] [--algo aesrl] [--profile] [--out PATH]
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ import io
 import json
 import os
 import pstats
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,10 +46,8 @@ from aesrl_queue import codec  # noqa: E402
 from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.connection import connect  # noqa: E402
 from aesrl_queue.optimizers import needs_critic_daemon  # noqa: E402
-from aesrl_queue.procs import stop_all  # noqa: E402
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
 from aesrl_queue.store import Store, dist_name, worker_beat  # noqa: E402
-from bench.scale import read_stats  # noqa: E402
 from scheduler.loop import PUBLISH_HZ, Scheduler  # noqa: E402
 from workers.worker import HEARTBEAT_EVERY, RQ_HEARTBEAT_EVERY  # noqa: E402
 
@@ -63,7 +59,7 @@ def main_thread_cpu_s(pid: int) -> float:
 
 
 COMMIT_HZ = PUBLISH_HZ  # the scheduler's commits a second: one commit per round stands for 1/COMMIT_HZ s
-IDLE_S = 3.0  # seconds the relays' fixed cost is measured over, before any result
+IDLE_S = 3.0  # seconds the replicas' fixed cost is measured over, before any result
 
 HIDDEN = (423, 300)  # 129,193 parameters with obs 3 / act 1: HalfCheetah's 400-300 actor (bench/scale.py)
 EP_LEN, EP_OBS, EP_ACT = 1000, 17, 6
@@ -84,7 +80,7 @@ def commandstats(client) -> dict[str, tuple[int, int]]:
 
 
 def measure(url: str, algo: str, batch: int, results: int, workers: int, profile: bool, redis_pid: int,
-            relays: list[str], per_read: int = 0) -> dict:
+            replicas: list[str], per_read: int = 0) -> dict:
     cfg = RunConfig.from_preset("AesrlSleep-v0", run_id=f"loop-cost-{algo}-{batch}", hidden=HIDDEN, algo=algo,
                                 r=1.0, rl_ratio=0.0, initial_steps=0, total_steps=10**12, mean_eval_episodes=1,
                                 env_kwargs={"episode_len": EP_LEN, "mean_s": 0.0}).resolve()
@@ -97,16 +93,11 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
     store = Store(client, cfg.run_id)
     sched.setup()
     sched.apply([])
-    folder = Path(tempfile.mkdtemp(prefix="loop-cost-relays-"))  # their stats files, removed at the end
-    stats = [folder / f"relay-{i}.json" for i in range(len(relays))]
-    # each a host's relay in a process of its own, following this run from the primary into its own Redis
-    hosts = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale.py"), "_relay", "--url", url, "--local", local,
-                               "--stats", str(f)], start_new_session=True) for local, f in zip(relays, stats, strict=True)]
     try:
-        time.sleep(2.0)  # they start, find the run (RUNS_EVERY_S) and copy its first version
+        time.sleep(1.0)  # the replicas receive the run's first version
         c0 = main_thread_cpu_s(redis_pid)
         time.sleep(IDLE_S)
-        idle_ms_per_s = 1e3 * (main_thread_cpu_s(redis_pid) - c0) / IDLE_S  # the relays' polls and beats, no results
+        idle_ms_per_s = 1e3 * (main_thread_cpu_s(redis_pid) - c0) / IDLE_S  # the replicas' acknowledgements, no results
         ep = _episode()
         keep = needs_critic_daemon(cfg)  # an ES-only run stores no transitions
         info = codec.pack({"worker": "w0", "host": "bench", "pid": 0, "t": time.time()})
@@ -119,7 +110,7 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
         rounds = 0
         while done < results + batch * 2:
             rounds += 1
-            round_at = time.monotonic()  # a round takes 1/COMMIT_HZ s, so relays see versions at the real rate
+            round_at = time.monotonic()  # a round takes 1/COMMIT_HZ s, so replicas see versions at the real rate
             beat0 = main_thread_cpu_s(redis_pid)
             for i in range(workers):  # heartbeats expire: keep them fresh, or the loop shrinks what it keeps in flight
                 worker_beat(client, f"w{i}", {"host": "bench", "pid": 0})
@@ -131,8 +122,8 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
             cpu0, wall0 = main_thread_cpu_s(redis_pid), time.monotonic()
             for job in jobs:
                 got = store.start_job(job, info)
-                if not relays:
-                    store.dist_blobs(int(got[0]))  # a host without a relay reads μ/var from the primary
+                if not replicas:
+                    store.dist_blobs(int(got[0]))  # a host without a replica reads μ/var from the primary
                 fields = {"job": job, "kind": "es", "version": int(got[0]), "seed": int(sched.inflight[job]["seed"]),
                           "worker": "w0", "spec_hash": cfg.spec_hash, "status": "ok", "fitness": float(rng.standard_normal()),
                           "len": EP_LEN, "f_mu": float(rng.standard_normal()), "f_mu_version": int(got[0]), "ind": "",
@@ -176,25 +167,23 @@ def measure(url: str, algo: str, batch: int, results: int, workers: int, profile
         eps_ms = (time.thread_time() - t) / 20 * 1e3
         redis_by = {k: (calls / n, usec / n / 1e3) for k, (calls, usec) in redis_tot.items() if calls}
         last = store.key(dist_name(sched.published))  # the last version reaches every host (10 s at most)
-        locals_ = [connect(local) for local in relays]
+        locals_ = [connect(local) for local in replicas]
         deadline = time.monotonic() + 10.0
         while not all(c.exists(last) for c in locals_) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.3 if hosts else 0.0)  # and their stats files (written every 0.1 s)
-        copied = [int(read_stats(f).get("versions", 0)) for f in stats]
+        copied = [int(bool(c.exists(last))) for c in locals_]
         for c in locals_:
             c.close()
-    finally:  # the relays stop and their files go, also when a round fails
-        stop_all(((f"relay-{i}", proc) for i, proc in enumerate(hosts)), grace=10.0)
-        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        pass  # the replicas are the caller's
     sched.inflight.close()
     out = {"algo": algo, "batch": batch, "per_read": per_read, "results": n, "dim": cfg.actor_dim,
            "loop_ms_per_result": 1e3 * loop_s / n, "eps_ms_per_result": eps_ms,
            "redis_ms_per_result": sum(v[1] for v in redis_by.values()),
            "redis_calls_per_result": sum(v[0] for v in redis_by.values()), "redis_by_command": redis_by,
-           "redis_ms_per_beat": 1e3 * beat_s / beats, "relays": len(relays), "relay_versions": copied,
-           "versions": sched.opt.version, "published": sched.published, "rounds": rounds, "relay_idle_ms_per_s_per_host": idle_ms_per_s / max(1, len(relays)),
-           # the relays' idle cost during the rounds is not per result: it is counted per second below
+           "redis_ms_per_beat": 1e3 * beat_s / beats, "host_replicas": len(replicas), "replica_has_last": copied,
+           "versions": sched.opt.version, "published": sched.published, "rounds": rounds, "replica_idle_ms_per_s_per_host": idle_ms_per_s / max(1, len(replicas)),
+           # the replicas' idle cost during the rounds is not per result: it is counted per second below
            "redis_cpu_ms_per_result": 1e3 * max(0.0, redis_cpu_s - idle_ms_per_s / 1e3 * wall_s) / n}
     if prof:
         s = io.StringIO()
@@ -240,12 +229,12 @@ def rq_cost(url: str, redis_pid: int, jobs: int = 1000) -> dict:
 
 def at_rate(row: dict, rq: dict) -> dict:
     """What one primary's Redis and the scheduler spend per result at the row's rate (batch · COMMIT_HZ
-    results/s, the relays' hosts each copying every version): the CPU of Redis's command thread for the jobs' scripts,
-    the scheduler's commands, the relays' copies and the workers' RQ bookkeeping, plus the relays'
+    results/s, every host replica receiving every write): the CPU of Redis's command thread for the jobs' scripts,
+    the scheduler's commands, the replication stream and the workers' RQ bookkeeping, plus the replicas'
     fixed cost per second spread over the results and the heartbeats of a worker per result and second
     (1 s jobs); the scheduler's loop thread, and ε beside it."""
     rate = row["batch"] * COMMIT_HZ
-    fixed = row["relay_idle_ms_per_s_per_host"] * row["relays"] / rate if row["relays"] else 0.0
+    fixed = row["replica_idle_ms_per_s_per_host"] * row["host_replicas"] / rate if row["host_replicas"] else 0.0
     # rate·1 s workers with 1 s jobs, each beating every HEARTBEAT_EVERY s (ours) and RQ_HEARTBEAT_EVERY s (RQ's)
     beats = row["redis_ms_per_beat"] * (1 / HEARTBEAT_EVERY + 1 / RQ_HEARTBEAT_EVERY)
     redis_ms = row["redis_cpu_ms_per_result"] + rq["worker_cpu_ms"] + fixed + beats
@@ -260,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=int, default=1500)
     ap.add_argument("--workers", type=int, default=128)
     ap.add_argument("--algo", default="aesrl", choices=("aesrl", "es"))
-    ap.add_argument("--relays", type=int, default=4, help="hosts' relays following the run (0: jobs read the primary)")
+    ap.add_argument("--replicas", type=int, default=4, help="host replicas following the primary (0: jobs read the primary)")
     ap.add_argument("--per-read", default="0,1",
                     help="results per XREAD, comma-separated: 0 reads a round's results at once, 1 wakes the loop for "
                          "every result (a loop that waits between results at high rates)")
@@ -270,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(directory=Path(tmp) / "primary").start()
-        locals_ = [RedisServer(directory=Path(tmp) / f"host{h}").start() for h in range(args.relays)]
+        locals_ = [RedisServer(directory=Path(tmp) / f"host{h}", extra_args=["--replicaof", "127.0.0.1", str(server.port)]).start()
+                   for h in range(args.replicas)]
         try:
             rows = [measure(server.url, args.algo, int(b), args.results, args.workers, args.profile, server.proc.pid,
                             [s.url for s in locals_], int(k)) for k in args.per_read.split(",")
@@ -298,13 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RQ itself, per job: enqueue {rq['enqueue_calls']:.0f} commands / {rq['enqueue_ms']:.3f} ms of Redis "
           f"({rq['enqueue_cpu_ms']:.3f} ms CPU); a worker's dequeue and bookkeeping {rq['worker_calls']:.0f} commands / "
           f"{rq['worker_ms']:.3f} ms ({rq['worker_cpu_ms']:.3f} ms CPU)")
-    if rows and rows[0]["relays"]:
-        print(f"{rows[0]['relays']} relays cost the primary {rows[0]['relay_idle_ms_per_s_per_host']:.2f} ms of CPU per "
-              "host and second with no results (polls, heartbeats)")
+    if rows and rows[0]["host_replicas"]:
+        print(f"{rows[0]['host_replicas']} host replicas cost the primary {rows[0]['replica_idle_ms_per_s_per_host']:.2f} ms "
+              "of CPU per host and second with no results")
     for r in rows:
         a = r["at_rate"]
         print(f"at {a['results_per_s']:.0f} results/s ({r['batch']} per commit, {r['per_read'] or r['batch']} per read, "
-              f"{r['relays']} relays): Redis "
+              f"{r['host_replicas']} host replicas): Redis "
               f"{a['redis_ms']:.3f} ms CPU per result ({a['redis_cores']:.2f} cores), the scheduler's loop thread "
               f"{a['loop_ms']:.3f} ms ({a['loop_cores']:.2f} cores) and ε {a['eps_cores']:.2f} cores beside it")
     return 0

@@ -1,5 +1,6 @@
 """How far one scheduler and one Redis primary carry a run: 8 → 256 simulated workers, each host reading the
-primary, a replica of it, or the relay that `aesrl-queue worker` starts (workers/relay.py).
+primary directly, or through the replica that `aesrl-queue worker` starts on each host
+(workers/host_replica.py: redis-server --replicaof the primary, with a password of its own).
 
 A simulated worker is a real AesrlWorker (RQ's own dequeue and bookkeeping, heartbeats) in a thread;
 its job does every Redis call of an ES job (the start script, μ/var download — from a replica when
@@ -45,7 +46,6 @@ from aesrl_queue import codec  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
 from aesrl_queue.store import Store, live_workers  # noqa: E402
 from bench.overhead import Children, proc_cpu_s  # noqa: E402
-from scheduler.loop import PUBLISH_HZ  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale.json"
 # obs 3 (AesrlSleep-v0), act 1: 3·423+423 + 423·300+300 + 300+1 = 129,193 parameters, the size of
@@ -56,11 +56,10 @@ HIDDEN = (423, 300)
 EP_OBS, EP_ACT = 17, 6
 MODES = {
     # ES-only worker counts without / with a replica per host; the same for the RL mix; seconds.
-    "quick": {"workers": (8, 32, 128), "replicas": (128,), "relays": (128,), "rl_workers": (), "rl_replicas": (),
-              "rl_relays": (), "warm": 1.0, "window": 3.0},
-    "full": {"workers": (8, 32, 128, 256), "replicas": (64, 256), "relays": (32, 64, 128, 256),
-             "rl_workers": (8, 32, 64), "rl_replicas": (64, 128), "rl_relays": (32, 64, 128), "warm": 4.0,
-             "window": 10.0},
+    "quick": {"workers": (8, 32, 128), "replicas": (128,), "rl_workers": (), "rl_replicas": (),
+              "warm": 1.0, "window": 3.0},
+    "full": {"workers": (8, 32, 128, 256), "replicas": (32, 64, 128, 256),
+             "rl_workers": (8, 32, 64), "rl_replicas": (32, 64, 128), "warm": 4.0, "window": 10.0},
 }
 CRITIC_PARAMS = 260_402  # HalfCheetah's twin 400-300 critics; critic + target: 2.08 MB per version
 KNEE_EFFICIENCY = 0.8  # the knee: the first point below 80% of the ideal W / job seconds
@@ -164,34 +163,12 @@ class SimJob(Job):
         return functools.partial(simulated_evaluate, self.connection, *SimJob.sim)
 
 
-def relay_main(args: argparse.Namespace) -> None:
-    """One host's relay in a process of its own, as `aesrl-queue worker` runs it beside (not inside)
-    its worker processes."""
-    from workers.relay import Relay
-
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    relay = Relay(redis.Redis.from_url(args.url), redis.Redis.from_url(args.local))
-    relay.start()
-    out = Path(args.stats)
-    while True:  # its payload counters, for the measurement window
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(relay.stats))
-        tmp.replace(out)
-        time.sleep(0.1)
-
-
 def read_stats(path: Path) -> dict[str, int]:
-    """A stats file a relay or simulated host keeps (empty before its first write)."""
+    """A stats file a simulated host keeps (empty before its first write)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def relay_bytes(files: list[Path], what: str = "bytes") -> int:
-    """Payload bytes the relays received from the primary so far (their stats files); what="replay_bytes"
-    for the replay's part."""
-    return sum(int(read_stats(f).get(what, 0)) for f in files)
 
 
 def host_main(args: argparse.Namespace) -> None:
@@ -265,12 +242,13 @@ class Point:
     """One scale point: a fresh primary (+ replicas), hosts of simulated workers, a scheduler."""
 
     def __init__(self, workers: int, copy: str, rl_share: float, args: argparse.Namespace, tmp: Path) -> None:
-        """`copy`: what each host reads the run's data from: "" (the primary), "replica" or "relay"."""
+        """`copy`: what each host reads the run's data from: "" (the primary) or "replica" (its host replica)."""
         self.n, self.copy, self.rl_share, self.args = workers, copy, rl_share, args
         self.tmp = tmp / f"w{workers}-rl{rl_share:g}-{copy or 'plain'}"
         self.tmp.mkdir(parents=True)
         self.kids = Children(self.tmp)
         self.servers: list[RedisServer] = []
+        self.host_replicas: list = []
         self.stop = threading.Event()
 
     def run(self) -> dict[str, Any]:
@@ -279,6 +257,8 @@ class Point:
         finally:
             self.stop.set()
             self.kids.kill_all()
+            for h in self.host_replicas:
+                h.stop_event.set()
             for s in self.servers:
                 s.cleanup()
 
@@ -293,11 +273,13 @@ class Point:
         sizes = [self.n // n_hosts + (1 if h < self.n % n_hosts else 0) for h in range(n_hosts)]
         reps: list[RedisServer] = []
         if self.copy:
-            for h in range(n_hosts):
-                rep = RedisServer(directory=self.tmp / f"{self.copy}{h}", extra_args=[
-                    "--replicaof", "127.0.0.1", str(primary.port)] if self.copy == "replica" else []).start()
-                self.servers.append(rep)
-                reps.append(rep)
+            from workers.host_replica import HostReplica
+
+            for h in range(n_hosts):  # what `aesrl-queue worker` starts on each host (its supervisor too)
+                host = HostReplica(primary.url, directory=self.tmp / f"{self.copy}{h}").start()
+                self.host_replicas.append(host)
+                self.servers.append(host.server)
+                reps.append(host.server)
         hosts = []
         for h, size in enumerate(sizes):
             cmd = [sys.executable, str(Path(__file__).resolve()), "_host", "--url", primary.url, "--threads", str(size),
@@ -306,10 +288,6 @@ class Point:
             if reps:
                 cmd += ["--read-url", reps[h].url, "--stats", str(self.tmp / f"host{h}.json")]
             hosts.append(self.kids.start(f"host{h}", cmd))
-        relay_stats = [self.tmp / f"relay{h}.json" for h in range(len(reps) if self.copy == "relay" else 0)]
-        relays = [self.kids.start(f"relay{h}", [sys.executable, str(Path(__file__).resolve()), "_relay", "--url",
-                                                 primary.url, "--local", reps[h].url, "--stats", str(f)])
-                  for h, f in enumerate(relay_stats)]
         # The scheduler starts beside them: it sizes the jobs in flight by the heartbeats it sees.
         run_id = f"scale-{self.n}-{uuid.uuid4().hex[:6]}"
         cfg_file = self.tmp / "run.json"
@@ -353,8 +331,7 @@ class Point:
             rep_stats = [c.info("stats") for c in rep_clients]
             return {"t": time.monotonic(), "applied": st["results_applied"], "version": st["version"],
                     "sched": proc_cpu_s(sched.pid), "sched_loop": thread_cpu_s(sched.pid, sched.pid), "redis": proc_cpu_s(primary.proc.pid),
-                    "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps) + sum(proc_cpu_s(p.pid) for p in relays),
-                    "relay_in": relay_bytes(relay_stats), "relay_replay_in": relay_bytes(relay_stats, "replay_bytes"),
+                    "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps),
                     "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(), "net": net_bytes(client),
                     "cmds": int(client.info("stats")["total_commands_processed"]),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
@@ -390,8 +367,7 @@ class Point:
         ideal = self.n / (args.episode_s + self.rl_share * args.train_s)
         per = max(1, applied)
         return {
-            "workers": self.n, "replicas": len(reps) if self.copy == "replica" else 0,
-            "relays": len(reps) if self.copy == "relay" else 0, "copy": self.copy or "none", "hosts": n_hosts,
+            "workers": self.n, "replicas": len(reps), "copy": self.copy or "none", "hosts": n_hosts,
             "rl_share_target": self.rl_share,
             "rl_share": sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist)),
             "results_per_s": rate, "ideal_per_s": ideal,
@@ -420,11 +396,11 @@ class Point:
             # What the primary sends per result for each host's copy of the run (replica) or, without
             # one, for all of the host's workers together.
             "out_MB_per_result_per_host": net["out"] / per / 1e6 / n_hosts,
-            # Of that, what the relays received (one copy per host: versions, critic, replay observations).
-            "relay_MB_per_result_per_host": (b["relay_in"] - a["relay_in"]) / per / 1e6 / n_hosts,
-            # Of that, the replay's observations (one copy per host of each episode: per result, not per version).
-            "relay_replay_MB_per_result_per_host": (b["relay_replay_in"] - a["relay_replay_in"]) / per / 1e6 / n_hosts,
+            # Of that, the replication stream to the host replicas (Redis's own count of it).
+            "repl_MB_per_result_per_host": net["repl_out"] / per / 1e6 / max(1, len(reps)),
             "loadavg": list(os.getloadavg()),
+            # What the busiest host replica holds at the end of the window (this run's keys and RQ's).
+            "replica_used_MB": max((c.info("memory")["used_memory"] / 1e6 for c in rep_clients), default=0.0),
         }
 
 
@@ -434,7 +410,7 @@ class Point:
         version = 0
         while not self.stop.is_set():
             version += 1
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(redis.RedisError, codec.CodecError):  # CodecError: no config yet
                 # What the critic daemon writes: the weights, and in the state its version and a step
                 # count that keeps up with the replay (the scheduler then never holds jobs for it).
                 store.publish_critic(version, weights)
@@ -444,7 +420,7 @@ class Point:
 
 # == report =================================================================================================
 COLUMNS = (
-    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"), ("relays", "relay", "{:d}"),
+    ("workers", "workers", "{:d}"), ("replicas", "repl", "{:d}"),
     ("rl_share", "RL", "{:.0%}"),
     ("results_per_s", "results/s", "{:.1f}"),
     ("efficiency", "of ideal", "{:.0%}"), ("scheduler_cores", "sched cores", "{:.2f}"),
@@ -508,8 +484,9 @@ def at_rate_model(loop: dict[str, Any]) -> dict[str, Any] | None:
     bench/loop_cost.py's two batch sizes (B results per commit at COMMIT_HZ commits/s; the rows that
     read one result per XREAD where there are some, the loop's dearest way to take them): each costs
     a + F/B per result, a per result and F per commit, so a·r + F·COMMIT_HZ ms per second; Redis also
-    pays the relays' polls per host and second. None without two rows that ran with relays."""
-    rows = [r for r in loop.get("rows", []) if r.get("relays")]
+    pays the host replicas' acknowledgements per host and second. None without two rows that ran with
+    host replicas."""
+    rows = [r for r in loop.get("rows", []) if r.get("host_replicas")]
     if any(r.get("per_read") == 1 for r in rows):  # the loop woken for every result: its dearest case
         rows = [r for r in rows if r.get("per_read") == 1]
     rows = sorted(rows, key=lambda r: r["batch"])
@@ -522,14 +499,14 @@ def at_rate_model(loop: dict[str, Any]) -> dict[str, Any] | None:
         per_commit = (c_lo - c_hi) / (1 / lo["batch"] - 1 / hi["batch"])
         return max(1e-9, c_hi - per_commit / hi["batch"]), max(0.0, per_commit)
 
-    def redis(r: dict[str, Any]) -> float:  # per result, the relays' polls left out
+    def redis(r: dict[str, Any]) -> float:  # per result, the replicas' fixed cost left out
         a = r["at_rate"]
-        return a["redis_ms"] - r["relay_idle_ms_per_s_per_host"] * r["relays"] / a["results_per_s"]
+        return a["redis_ms"] - r["replica_idle_ms_per_s_per_host"] * r["host_replicas"] / a["results_per_s"]
 
     loop_a, loop_f = fit(lo["loop_ms_per_result"], hi["loop_ms_per_result"])
     redis_a, redis_f = fit(redis(lo), redis(hi))
     return {"hz": hz, "loop": (loop_a, loop_f), "redis": (redis_a, redis_f), "eps_ms": hi["eps_ms_per_result"],
-            "relay_ms_per_s": hi["relay_idle_ms_per_s_per_host"], "batches": [lo["batch"], hi["batch"]]}
+            "replica_ms_per_s": hi["replica_idle_ms_per_s_per_host"], "batches": [lo["batch"], hi["batch"]]}
 
 
 def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -538,38 +515,28 @@ def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> 
     busiest point of that mix and set-up that kept up (≥ KNEE_EFFICIENCY of ideal; the busiest point
     when none did), times the job seconds.
 
-    The link: the primary's egress is H·F + R·b, with H the point's hosts, F the bytes a host's relay
-    receives per second (the versions and the critic, measured at that point and scaled to
-    PUBLISH_HZ versions a second: they follow the versions published, not the results) and b the
-    rest per result, the replay's observations to
-    every relay included; without a relay everything is per result. The scheduler: its loop thread is single-threaded; the ε of ES jobs
+    The link: the primary's egress per result measured at that point (a host replica receives every
+    write of the run: versions, episodes, individuals, RQ's bookkeeping), so per result. The scheduler: its loop thread is single-threaded; the ε of ES jobs
     runs on threads beside it, and the cores those need at the allowed rate are reported with it.
 
-    With `loop` (bench/loop_cost.py's JSON), an ES run with relays takes the scheduler's and Redis's
+    With `loop` (bench/loop_cost.py's JSON), an ES run with host replicas takes the scheduler's and Redis's
     costs from `at_rate_model` instead: measured at 100 and 1,000 results/s without workers around,
     where a simulated cluster on this machine's 2 cores reaches only its knee."""
     model = at_rate_model(loop) if loop else None
     out = []
     for share in sorted({r["rl_share_target"] for r in rows}):
-        for copy in ("none", "replica", "relay"):
+        for copy in ("none", "replica"):
             pts = [r for r in rows if r["rl_share_target"] == share and r.get("copy", "none") == copy]
             if not pts:
                 continue
             kept = [r for r in pts if r["efficiency"] >= KNEE_EFFICIENCY]
             best = max(kept or pts, key=lambda r: r["results_per_s"])
-            hosts, rate = best["hosts"], best["results_per_s"]
-            # The replay's observations go to every relay per result; the rest follows the versions
-            # (rows from before the relays counted them apart have every relay byte as fixed).
-            to_relay = (best.get("relay_MB_per_result_per_host", 0.0)
-                        - best.get("relay_replay_MB_per_result_per_host", 0.0)) if copy == "relay" else 0.0
-            # MB/s whatever the rate, at the scheduler's full PUBLISH_HZ versions a second: a point whose
-            # scheduler published fewer (a starved machine) would understate it.
-            per_version = to_relay * rate / best["published_per_s"] if best.get("published_per_s") else 0.0
-            fixed = hosts * max(to_relay * rate, per_version * PUBLISH_HZ)
-            per_result = max(1e-9, best["out_MB_per_result"] - hosts * to_relay)
+            hosts = best["hosts"]
+            fixed = 0.0
+            per_result = max(1e-9, best["out_MB_per_result"])
             loop_ms = best.get("scheduler_loop_ms_per_result", best["scheduler_ms_per_result"])
             beside_ms = max(0.0, best["scheduler_ms_per_result"] - loop_ms)
-            use_model = model is not None and share == 0 and copy == "relay"
+            use_model = model is not None and share == 0 and copy == "replica"
             for link, mbps in LINKS.items():
                 limits = {"link": max(0.0, mbps - fixed) / per_result,
                           "redis": 1e3 / max(1e-9, best["redis_ms_per_result"]),
@@ -577,7 +544,7 @@ def capacity(rows: list[dict[str, Any]], loop: dict[str, Any] | None = None) -> 
                 if use_model:
                     (la, lf), (ra, rf) = model["loop"], model["redis"]
                     limits["scheduler"] = max(0.0, 1e3 - lf * model["hz"]) / la
-                    limits["redis"] = max(0.0, 1e3 - rf * model["hz"] - model["relay_ms_per_s"] * hosts) / ra
+                    limits["redis"] = max(0.0, 1e3 - rf * model["hz"] - model["replica_ms_per_s"] * hosts) / ra
                 first = min(limits, key=limits.get)
                 r_max = limits[first]
                 out.append({"rl_share": share, "copy": copy, "hosts": hosts, "link": link,
@@ -616,10 +583,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     points = [(n, "", 0.0) for n in counts_of(args.workers, mode["workers"])]
     points += [(n, "replica", 0.0) for n in counts_of(args.replica_workers, mode["replicas"])]
-    points += [(n, "relay", 0.0) for n in counts_of(args.relay_workers, mode["relays"])]
     points += [(n, "", args.rl_share) for n in counts_of(args.rl_workers, mode["rl_workers"])]
     points += [(n, "replica", args.rl_share) for n in counts_of(args.rl_replica_workers, mode["rl_replicas"])]
-    points += [(n, "relay", args.rl_share) for n in counts_of(args.rl_relay_workers, mode["rl_relays"])]
     args.warm = mode["warm"] if args.warm is None else args.warm
     args.window = mode["window"] if args.window is None else args.window
     rows = []
@@ -651,13 +616,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["_relay"]:
-        rp = argparse.ArgumentParser()
-        rp.add_argument("--url", required=True)
-        rp.add_argument("--local", required=True)
-        rp.add_argument("--stats", required=True)
-        relay_main(rp.parse_args(argv[1:]))
-        return 0
     if argv[:1] == ["_host"]:
         hp = argparse.ArgumentParser()
         hp.add_argument("--url", required=True)
@@ -674,8 +632,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 worker counts + 1 replica point, short windows (<60 s)")
     ap.add_argument("--workers", default=None, help="comma-separated worker counts without replicas")
     ap.add_argument("--replica-workers", default=None, help="worker counts to repeat with one replica per host ('' for none)")
-    ap.add_argument("--relay-workers", default=None, help="worker counts to repeat with one relay per host ('' for none)")
-    ap.add_argument("--rl-relay-workers", default=None, help="worker counts of the RL mix with relays ('' for none)")
     ap.add_argument("--rl-workers", default=None, help="worker counts of the RL mix without replicas ('' for none)")
     ap.add_argument("--rl-replica-workers", default=None, help="worker counts of the RL mix with replicas ('' for none)")
     ap.add_argument("--rl-share", type=float, default=0.5, help="target share of RL jobs in the RL mix")
@@ -691,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-from", nargs="+", metavar="JSON",
                     help="measure nothing: print (and write into the first file) the capacity from saved rows")
     ap.add_argument("--loop-cost", default=str(ROOT / "bench" / "results" / "loop_cost.json"), metavar="JSON",
-                    help="bench/loop_cost.py's rows: the scheduler's and Redis's costs of ES runs with relays at "
+                    help="bench/loop_cost.py's rows: the scheduler's and Redis's costs of ES runs with host replicas at "
                          "the rate ('' to take them from the scale points alone)")
     args = ap.parse_args(argv)
     loop = json.loads(Path(args.loop_cost).read_text()) if args.loop_cost and Path(args.loop_cost).exists() else None

@@ -412,14 +412,22 @@ def _runs_there(client, run: str | None) -> str:
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
 @click.option("--processes", "-n", type=int, default=os.cpu_count() or 1, help="Worker processes to start (one per core).")
 @click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
+@click.option("--replica/--no-replica", default=True,
+              help="Start and supervise this machine's replica of the run data (redis-server --replicaof, with a "
+                   "password of its own); the workers read μ/var, critic and replay from it. Needs redis-server.")
+@click.option("--replicate-from", envvar="AESRL_REPLICATE_FROM", default=None,
+              help="What the replica follows: the primary (default) or another host's replica, as a URL with its "
+                   "password (a tree of hosts). [env: AESRL_REPLICATE_FROM]")
+@click.option("--replica-bind", default="127.0.0.1", show_default=True,
+              help="Address the replica listens on (another host that replicates this one must reach it).")
+@click.option("--replica-port", type=int, default=None, help="Port of the replica (default: a free one).")
 @click.option("--read-url", envvar="AESRL_READ_URL", default=None,
-              help="A local Redis replica (replicaof the primary) to read μ/var, config, critic and replay "
-                   "from; writes still go to --redis-url. [env: AESRL_READ_URL]")
-@click.option("--relay/--no-relay", default=True,
-              help="Without --read-url: start a loopback Redis and a relay that copies each published μ/var "
-                   "version (and, for RL runs, the critic and replay) once for all of this machine's workers.")
-def worker(redis_url, processes, burst, read_url, relay) -> None:
-    """Start N `rq worker -w workers.AesrlWorker` processes on this machine (a thin wrapper)."""
+              help="A replica you run yourself to read from instead of starting one. [env: AESRL_READ_URL]")
+def worker(redis_url, processes, burst, replica, replicate_from, replica_bind, replica_port, read_url) -> None:
+    """Start N `rq worker -w workers.AesrlWorker` processes on this machine, and the machine's replica.
+
+    The replica's password is $AESRL_REPLICA_PASSWORD (set it where another host replicates this one),
+    else a random one that only these workers get."""
     from aesrl_queue.connection import resolve_url
 
     if processes < 1:
@@ -437,10 +445,10 @@ def worker(redis_url, processes, burst, read_url, relay) -> None:
             fail(f"read-url: {exc}")
         env[READ_URL_ENV] = read_url
         click.echo(f"reading run data from replica {redact(read_url)}", err=True)
-    elif relay:
-        local = _start_relay(primary)
-        if local is not None:
-            env["AESRL_READ_URL"] = local.url
+    elif replica:
+        host = _start_replica(primary, replicate_from or url, replica_bind, replica_port)
+        if host is not None:
+            env["AESRL_READ_URL"] = host.url
     from aesrl_queue.procs import spawn, worker_command
 
     # Each worker gets SIGTERM (RQ's warm shutdown: the job in hand finishes) if this process dies,
@@ -459,25 +467,30 @@ def worker(redis_url, processes, burst, read_url, relay) -> None:
     sys.exit(max(codes) if codes else 0)
 
 
-def _start_relay(primary):
-    """A loopback redis-server and the relay thread that fills it (workers/relay.py); None (and the
-    workers read the primary) when this machine has no redis-server."""
+def _start_replica(primary, source: str, bind: str, port: int | None):
+    """This machine's replica of `source` (workers/host_replica.py), supervised and reporting to the
+    primary; None (and the workers read the primary) when this machine has no redis-server."""
     import atexit
 
-    from aesrl_queue.redis_server import RedisServer, find_redis_server
-    from workers.relay import Relay
+    from aesrl_queue.redis_server import find_redis_server
+    from workers.host_replica import HostReplica
 
     try:
         find_redis_server()
     except (FileNotFoundError, RuntimeError) as exc:
-        click.echo(f"no relay ({exc}); workers read everything from the primary", err=True)
+        click.echo(f"no host replica ({exc}); workers read everything from the primary", err=True)
         return None
-    # No persistence: everything in it is a copy, refilled from the primary after a restart.
-    local = RedisServer().start()
-    atexit.register(local.cleanup)
-    Relay(primary, _connect(local.url)).start()
-    click.echo(f"relay on {local.url}: one copy of each version for this machine's workers", err=True)
-    return local
+    host = HostReplica(source, primary=primary, bind=bind, port=port)
+    try:
+        host.start()
+    except RuntimeError as exc:
+        click.echo(f"no host replica ({exc}); workers read everything from the primary", err=True)
+        return None
+    atexit.register(host.stop)
+    synced = host.wait_synced(10.0)
+    click.echo(f"host replica on {redact(host.url)} (replicaof {redact(source)}, "
+               f"{'in sync' if synced else 'still syncing: reads go to the primary meanwhile'})", err=True)
+    return host
 
 
 # -- status and runs ----------------------------------------------------------------------------------

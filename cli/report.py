@@ -12,7 +12,7 @@ import redis
 from aesrl_queue.codec import CodecError
 from aesrl_queue.optimizers import rl_target
 from aesrl_queue.progress import STALLED_AFTER
-from aesrl_queue.store import RELAY_KEY, Store, live_relays, live_workers, worker_ages
+from aesrl_queue.store import HOST_KEY, Store, live_hosts, live_workers, worker_ages
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
 
@@ -102,16 +102,27 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
              "job": w.get("job", ""), "run": w.get("run", ""), "jobs_done": int(w.get("jobs_done", 0) or 0),
              "last_seen": round(seen, 1) if seen is not None else None,
              "queues": w.get("queues", "")})
-    # Each host's relay (`aesrl-queue worker`): what it has copied, and how long ago it last looked.
-    out["relays"] = []
-    relays = live_relays(client)
-    names = sorted(relays)
-    for name, seen in zip(names, worker_ages(client, names, RELAY_KEY), strict=True):
-        r = relays[name]
-        out["relays"].append({"name": name, "host": r.get("host", ""), "pid": r.get("pid", ""),
-                              "runs": int(r.get("runs", 0) or 0), "versions": int(r.get("versions", 0) or 0),
-                              "mb": float(r.get("mb", 0) or 0), "errors": int(r.get("errors", 0) or 0),
-                              "looked_s": round(seen, 1) if seen is not None else None})
+    # Each host's replica (`aesrl-queue worker`): its link and lag, and the reads of that host's
+    # workers that went to the primary instead (fallbacks since they started).
+    fallbacks: dict[str, int] = {}
+    for w in workers.values():
+        fallbacks[w.get("host", "")] = fallbacks.get(w.get("host", ""), 0) + int(w.get("fallbacks", 0) or 0)
+    out["hosts"] = []
+    hosts = live_hosts(client)
+    names = sorted(hosts)
+    for name, seen in zip(names, worker_ages(client, names, HOST_KEY), strict=True):
+        h = hosts[name]
+        out["hosts"].append({"name": name, "host": h.get("host", ""), "pid": h.get("pid", ""),
+                             "link": h.get("link", ""), "lag_bytes": int(h.get("lag_bytes", -1) or -1),
+                             "io_s": int(h.get("io_s", -1) or -1), "restarts": int(h.get("restarts", 0) or 0),
+                             "fallbacks": fallbacks.get(h.get("host", ""), 0),
+                             "seen_s": round(seen, 1) if seen is not None else None})
+    troubled = [h for h in out["hosts"] if h["fallbacks"] > 0 or h["link"] != "up"]
+    if troubled and not out["problem"]:
+        h = troubled[0]
+        out["problem"] = (f"host {h['host']} reads from the primary: {h['fallbacks']} fallbacks, replica link "
+                          f"{h['link'] or 'unknown'}" + (f" (and {len(troubled) - 1} more hosts)" if len(troubled) > 1 else ""))
+        out["problem_hint"] = out["problem_hint"] or f"host {h['host']} falls back to the primary"
     return out
 
 
@@ -157,12 +168,13 @@ def render(s: dict[str, Any]) -> str:
     for w in s["workers"]:
         lines.append(f"    {w['host']}:{w['pid']:<8} {w['kind'] or 'idle':5} jobs {w['jobs_done']:<6} "
                      f"seen {_f(w['last_seen'])}s ago  {w['run']}")
-    relays = s.get("relays", [])
-    if relays:
-        lines.append(f"  relays {len(relays)} (one copy of each version per host)")
-    for r in relays:
-        lines.append(f"    {r['host']}:{r['pid']:<8} versions {r['versions']:<6} {r['mb']:.0f} MB copied  "
-                     f"errors {r['errors']}  last look {_f(r['looked_s'])}s ago")
+    hosts = s.get("hosts", [])
+    if hosts:
+        lines.append(f"  host replicas {len(hosts)}")
+    for h in hosts:
+        lag = f"{h['lag_bytes']:,} B" if h["lag_bytes"] >= 0 else "-"
+        lines.append(f"    {h['host']}:{h['pid']:<8} link {h['link'] or '-':5} lag {lag:>10}  fallbacks {h['fallbacks']:<5} "
+                     f"restarts {h['restarts']}  seen {_f(h['seen_s'])}s ago")
     return "\n".join(lines)
 
 

@@ -54,8 +54,8 @@ __all__ = ["ASYNC_ALGOS", "QUEUE_ALGOS", "Scheduler", "make_scheduler", "uses_rl
 COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state fields others write
 # Versions of μ/var published per second, at most. Every result is still told as it arrives; a
 # commit that would publish a new version sooner than 1/PUBLISH_HZ after the last one waits, its
-# results in memory with last_result_id, so a restart tells them again. Each worker host's replica or
-# relay receives every published version (1.03 MB at 129k parameters): 10 a second caps that at ~10
+# results in memory with last_result_id, so a restart tells them again. Each worker host's replica
+# receives every published version (1.03 MB at 129k parameters): 10 a second caps that at ~10
 # MB/s per host, and a run below 10 results/s (up to ~10 workers with 1 s jobs) commits every result
 # at once, as it would unpaced (docs/scaling.md). The pace never holds a worker back: while a commit
 # waits, each read still refills the free slots with jobs on the last published version (_refill).
@@ -72,6 +72,10 @@ class _Pending:
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] | None = None  # only the last best of a commit is kept
         self.moved: Update | None = None  # the last update that made a new version
+        # keys of the RL individuals told since the last commit: deleted by it where nothing reads them
+        # again (a restart re-tells only what comes after the commit), so that neither the primary nor
+        # a host's replica keeps 0.5 MB per RL result for the key's TTL
+        self.individuals: list[str] = []
 
     def note(self, update: Update | None) -> None:
         """Hold what one tell (or a lost job) asks to be written: its history entry, a new best, a new version."""
@@ -98,6 +102,10 @@ class Scheduler:
         self.r_once = without_retries(client)
         self.cfg = cfg
         self.store = Store(client, cfg.run_id)
+        # Only an optimizer that tells each result at once never reads an RL individual again; one
+        # that tells generations keeps its members' keys in its state until the generation closes.
+        self.drop_individuals = algorithm(cfg.algo).tells == "result"
+        self.announcing = True  # False once the Redis user turns out not to be allowed the channel
         self.stop_event = stop_event or threading.Event()
         self.drain_timeout = drain_timeout
         self.publish_hz = publish_hz  # 0: publish after every read, however fast results come
@@ -275,6 +283,8 @@ class Scheduler:
         checkpoint = opt.state()
         store.save_checkpoint("optimizer", checkpoint, pipe=pipe)
         store.forget_jobs(pending.forget, pipe=pipe)
+        if pending.individuals:
+            pipe.unlink(*pending.individuals)
         self.dispatch.enqueue(specs, pipe=pipe)
         for name, amount in pending.incr.items():
             store.incr(name, amount, pipe=pipe)
@@ -288,6 +298,21 @@ class Scheduler:
         self.pending = _Pending()
         if refs_at is not None:
             self._drop_unreferenced(replies[refs_at], previous=published)
+            self._announce(opt.version)
+
+    def _announce(self, version: int) -> None:
+        """Announce a published version to the jobs waiting for it on their hosts' replicas; a user
+        whose ACL lacks the channel (`&aesrl:*`) is told once, and jobs then look every 0.1 s."""
+        if not self.announcing:
+            return
+        try:
+            self.store.announce(version)
+        except redis.exceptions.NoPermissionError as exc:
+            self.announcing = False
+            log.warning("run %s: versions are not announced (%s): allow the channels &aesrl:* to this "
+                        "Redis user (docs/security.md); jobs waiting for a version look every 0.1 s", self.cfg.run_id, exc)
+        except redis.RedisError as exc:  # the commit went through; a missed announcement only delays
+            log.debug("announcement of version %d failed: %s", version, exc)
 
     def _refill(self) -> None:
         """Ask for the free slots and enqueue the jobs now, while the told results wait for their commit.
@@ -350,6 +375,8 @@ class Scheduler:
             self.applied[f"{res.kind}_applied"] += 1
         self.pending.forget.append(res.job)  # out of Redis with the commit's one HDEL per hash
         self.pending.note(update)
+        if res.kind == "rl" and self.drop_individuals and res.ind == self.store.individual_key(res.job):
+            self.pending.individuals.append(res.ind)  # its own key only, whatever a result names
 
     def _breaker_hears(self, res: Result) -> None:
         if res.ok:

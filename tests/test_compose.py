@@ -69,7 +69,7 @@ def test_redis_has_aof_and_the_password_from_the_environment():
     # A worker on a second machine points at the first one's Redis.
     remote = services(AESRL_REDIS_HOST="gpu-box", AESRL_WORKERS="16")
     assert remote["worker"]["environment"]["AESRL_REDIS_URL"] == "redis://:pw-from-env@gpu-box:6379/0"
-    assert remote["worker"]["deploy"]["replicas"] == 16
+    assert remote["worker"]["command"] == ["aesrl-queue", "worker", "--processes", "16"]
 
 
 def test_critic_reserves_a_gpu_and_the_cpu_profile_has_a_fallback():
@@ -79,7 +79,7 @@ def test_critic_reserves_a_gpu_and_the_cpu_profile_has_a_fallback():
     assert s["critic"]["command"][-2:] == ["--device", "cuda"]
     assert s["critic-cpu"]["command"][-2:] == ["--device", "cpu"]
     assert "deploy" not in s["critic-cpu"] or not s["critic-cpu"]["deploy"].get("resources", {}).get("reservations")
-    assert s["worker"]["deploy"]["replicas"] == 4
+    assert s["worker"]["command"][-1] == "4"
     dash = services("dashboard")["rq-dashboard"]
     assert dash["environment"]["RQ_DASHBOARD_REDIS_URL"].startswith("redis://:pw-from-env@redis:")
 
@@ -107,3 +107,14 @@ def test_service_commands_parse_with_this_cli():
         assert ctx.params, name
         checked += 1
     assert checked == 4  # scheduler, critic, critic-cpu and worker (rq); only redis is not ours
+
+
+def test_the_docker_worker_takes_the_path_of_the_worker_command():
+    """The worker service runs `aesrl-queue worker` (its replica included), not a bare `rq worker`, and the
+    image has a redis-server of the primary's version for that replica."""
+    s = services()
+    cmd = s["worker"]["command"]
+    assert cmd[:2] == ["aesrl-queue", "worker"] and "--no-replica" not in cmd and "--read-url" not in cmd
+    redis_image = s["redis"]["image"].split(":")[1].split("-")[0]  # 7.4
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"COPY --from=redis:{redis_image}-bookworm /usr/local/bin/redis-server" in dockerfile

@@ -69,6 +69,8 @@ def _trace(redis_url: str, case: str) -> list[dict]:
     store = Store(client, cfg.run_id)
     for name in WORKERS:
         worker_beat(client, name, {"host": "golden", "pid": 0})
+    announced = client.pubsub(ignore_subscribe_messages=True)  # what hosts' jobs wait on
+    announced.subscribe(store.key("versions"))
     sched.setup()
     if case == "aesrl":  # a critic that keeps up: RL jobs are asked once the random phase is over
         store.set_state(critic_version=1, critic_steps=10**9)
@@ -138,8 +140,18 @@ def _trace(redis_url: str, case: str) -> list[dict]:
             if running[name] is None:
                 take(name)
     sched.inflight.close()
+    ANNOUNCED[case] = []
+    quiet = 0
+    while quiet < 3:  # a None also stands for the subscription's own reply, read first
+        msg = announced.get_message(timeout=0.1)
+        quiet = 0 if msg is not None else quiet + 1
+        if msg is not None:
+            ANNOUNCED[case].append(int(msg["data"]))
     client.close()
     return out
+
+
+ANNOUNCED: dict[str, list[int]] = {}  # versions each case's commits announced, in order
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -148,8 +160,13 @@ def test_two_workers_publish_the_recorded_versions(redis_url, case):
     kinds = {row["kind"] for row in trace}
     assert len(trace) >= 40
     assert trace[-1]["applied"] == len(trace), "every result is applied (none lost, none dropped as stale)"
+    # every version published after the first is announced once, in order, after its commit
+    assert ANNOUNCED[case] == sorted({row["version"] for row in trace} - {0}), ANNOUNCED[case]
     if case == "aesrl":
         assert kinds == {"es", "rl"}, "the trace must cover RL results"
+        # each RL individual is deleted by the commit that applies its result (0.5 MB per RL result
+        # at HalfCheetah's size would otherwise sit on the primary and every host's replica for 600 s)
+        assert not list(connect(redis_url).scan_iter(match="aesrl:golden-loop-aesrl:ind:*"))
     if not DATA.exists() or os.environ.get("AESRL_RECORD_GOLDEN_LOOP") == "1" and case not in _recorded():
         recorded = _recorded()
         recorded[case] = trace

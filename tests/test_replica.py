@@ -91,7 +91,7 @@ def _context(p, monkeypatch, url: str, wait_s: float) -> jobs._RunContext:
     monkeypatch.setenv(replica.WAIT_ENV, str(wait_s))
     replica._READERS.clear()
     ctx = jobs._RunContext(p, RUN)
-    assert ctx.reader is not None and ctx.reader.wait_s == wait_s
+    assert ctx.reader.replica is not None and ctx.reader.wait_s == wait_s
     return ctx
 
 
@@ -105,10 +105,10 @@ def test_reads_come_from_the_replica_when_it_is_in_sync(pair, clients, monkeypat
     store, cfg = _run(p, version=4)
     wait_for(lambda: _synced(p, r), 60, what="replication")
     ctx = _context(p, monkeypatch, pair[1].url, wait_s=0.5)
-    assert ctx.cfg.spec_hash == cfg.spec_hash  # the config itself came through the replica
+    assert ctx.cfg.spec_hash == cfg.spec_hash  # the config is read from the primary (never an earlier run's)
     version, mu, var = _begin(ctx, "j1")
     assert version == 4 and np.array_equal(mu, _mu(cfg, 4))
-    assert ctx.reader.stats["replica"] == 2 and ctx.reader.stats["primary"] == 0, ctx.reader.stats
+    assert ctx.reader.stats["replica"] == 1 and ctx.reader.stats["primary"] == 0, ctx.reader.stats
     # The job is registered on the primary with the version it uses (the scheduler keeps it).
     assert p.hget(store.key("refs"), "j1") == b"4"
 
@@ -148,6 +148,38 @@ def test_a_job_waits_for_its_version_to_reach_the_replica(pair, clients, monkeyp
     assert r.exists(store.key("dist:6"))
 
 
+def test_a_waiting_job_is_woken_by_the_announcement_of_its_version_not_by_polling(pair, clients, monkeypatch):
+    """The scheduler PUBLISHes v after the commit that writes dist:{v}; a job whose version is not on the replica yet
+    waits for that announcement (with a 0.1 s backstop) instead of asking the replica every few ms."""
+    p, r = clients
+    store, cfg = _run(p, version=4)
+    wait_for(lambda: _synced(p, r), 60, what="replication")
+    ctx = _context(p, monkeypatch, pair[1].url, wait_s=3.0)
+    _detach(r)  # from here the test plays the replication stream by hand
+    _publish(store, cfg, 5)  # named on the primary, not yet on the replica
+
+    def hmgets() -> int:
+        return int(r.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+    def arrives() -> None:  # 0.6 s after the job's first look at the replica
+        wait_for(lambda: hmgets() > before, 10, interval=0.005, what="the job's first look")
+        time.sleep(0.6)
+        r.hset(store.key("dist:5"), mapping=p.hgetall(store.key("dist:5")))
+        r.publish(store.key("versions"), 5)
+
+    before = hmgets()
+    threading.Thread(target=arrives, daemon=True).start()
+    t0 = time.monotonic()
+    version, mu, _var = _begin(ctx, "j9")
+    waited = time.monotonic() - t0
+    assert version == 5 and np.array_equal(mu, _mu(cfg, 5))
+    assert ctx.reader.stats["primary"] == 0 and ctx.reader.stats["waited"] == 1  # the replica served it
+    assert 0.55 <= waited < 2.0, waited
+    # 0.6 s: the first look, ~6 backstop looks and the one after the announcement, where polling every
+    # 1-20 ms asked ~35 times
+    assert hmgets() - before <= 12, hmgets() - before
+
+
 def test_critic_is_at_least_the_version_the_primary_named(pair, clients, monkeypatch):
     p, r = clients
     store, cfg = _run(p, version=1, critic=1)
@@ -157,7 +189,7 @@ def test_critic_is_at_least_the_version_the_primary_named(pair, clients, monkeyp
     store.publish_critic(2, {"critic": np.full(10, 2.0, np.float32)})
     _begin(ctx, "j4")
     assert ctx.critic_named == 2
-    version, blob = ctx.reader.critic(store, at_least=ctx.critic_named)
+    version, blob = ctx.reader.critic(store, at_least=ctx.critic_named, tag=ctx.token)
     assert version == 2 and codec.unpack(blob)["critic"][0] == 2.0  # not the replica's version 1
     assert ctx.reader.stats["primary"] >= 1
 

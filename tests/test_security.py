@@ -20,7 +20,7 @@ from tests.faults import check_exactly_once, write_config
 ADMIN_PW = "admin-Secret-1"
 USER_PW = "worker-Secret-2"
 # The ACL rule docs/security.md recommends for the user every component connects as.
-ACL_RULE = ["on", f">{USER_PW}", "resetkeys", "~aesrl:*", "~rq:*", "resetchannels", "&rq:*",
+ACL_RULE = ["on", f">{USER_PW}", "resetkeys", "~aesrl:*", "~rq:*", "resetchannels", "&rq:*", "&aesrl:*",
             "+@all", "-@dangerous", "+info"]
 
 

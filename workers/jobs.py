@@ -6,7 +6,7 @@ individual is drawn from, the critic, a source of replay states) that returns wh
 writes nothing else, so an in-process executor calls it as RQ's path does.
 
 `evaluate` is RQ's entry point and the tests': it reads the job's inputs from Redis (the primary, or
-the host's relay or replica), calls `play`, and writes the outcome with `finish_job`. Jobs carry only
+its host's replica through one reader, workers/replica.py), calls `play`, and writes the outcome with `finish_job`. Jobs carry only
 small JSON arguments (run, job, kind, version, seed, spec_hash, rl_steps, random_actions). What is
 dear to rebuild per job (environments, networks, the replay mirror, the critic) is kept per process
 in a `_RunContext`, which is why jobs run on a SimpleWorker.
@@ -28,7 +28,7 @@ import redis
 
 from aesrl_queue import codec, noise
 from aesrl_queue.codec import CodecError
-from aesrl_queue.config import RunConfig, load_config_blob
+from aesrl_queue.config import RunConfig
 from aesrl_queue.optimizers import needs_critic_daemon
 from aesrl_queue.store import Store, decode_dist
 from workers.replica import ReplicaReader, reader_for
@@ -205,11 +205,12 @@ class _RunContext:
         from aesrl_queue.numpy_actor import NetSpec  # torch-free: ES-only workers never import torch
 
         self.store = Store(client, run)
-        # Reads of immutable or versioned data go to a local replica when AESRL_READ_URL names one.
-        self.reader: ReplicaReader | None = reader_for(client)
-        if self.reader is not None:
-            self.store._config = load_config_blob(self.reader.config_blob(self.store))
+        # Reads of immutable or versioned data go through one reader: the host's replica when
+        # AESRL_READ_URL names one (with a bounded wait, then the primary), else the primary. The config
+        # is read from the primary: a few KB once per run, never an earlier run's of the same id.
+        self.reader: ReplicaReader = reader_for(client)
         self.cfg = self.store.config()
+        self.token = self.store.token().encode()  # what this run's versions and critic carry
         cfg = self.cfg
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
         # The replay's readers are the critic and RL jobs: a run without them stores no transitions.
@@ -219,7 +220,7 @@ class _RunContext:
         self.mirror_last = "0-0"
         self.critic = None
         self.critic_version = -1
-        self.critic_named = 0  # critic version the primary named at the start of the job (replica reads)
+        self.critic_named = 0  # critic version the primary named at the start of the job
         self.touched = time.monotonic()
 
     def inputs(self, job: str, kind: str, seed: int, rl_steps: int, random_actions: bool) -> JobInputs | None:
@@ -245,15 +246,15 @@ class _RunContext:
             return None
         version = int(started[0])
         self.critic_named = int(started[1] or 0)
-        if self.reader is None:
-            mu, var = store.dist_blobs(version) or (None, None)
-        else:
-            mu, var = self.reader.dist(store, version)
+        tag = started[2] if len(started) > 2 else None
+        if tag is not None and tag != self.token:  # the run was started over under this id
+            raise StaleContext(store.run_id)
+        mu, var = self.reader.dist(store, version, tag=tag)
         return (version, *decode_dist(version, mu, var, self.cfg.actor_dim))
 
     def read_current_mu(self) -> tuple[int, np.ndarray] | None:
         """The current version and its μ (from the replica when there is one: possibly a little older)."""
-        got = self.store.read_current_mu() if self.reader is None else self.reader.read(self.store.read_current_mu)
+        got = self.reader.read(self.store.read_current_mu)
         if not got or got[1] is None:
             return None
         return int(got[0]), codec.decode_array(got[1], size=self.cfg.actor_dim, what="current mu")
@@ -276,11 +277,8 @@ class _RunContext:
                                        device=device, obs_only=True)
         added = 0
         while True:
-            if self.reader is None:
-                rows = self.store.read_stream("replay", self.mirror_last, count=500)
-            else:
-                rows = self.reader.read(lambda c: self.store.read_stream("replay", self.mirror_last, count=500, client=c),
-                                        append_only=True)
+            rows = self.reader.read(lambda c: self.store.read_stream("replay", self.mirror_last, count=500, client=c),
+                                    append_only=True)
             if not rows:
                 return added
             for entry_id, fields in rows:
@@ -294,19 +292,18 @@ class _RunContext:
                 added += len(ep["obs"])
 
     def load_critic(self, device: str):
-        """The published critic (the one the primary named, through a replica), rebuilt when its version moved."""
-        version = self.store.critic_version() if self.reader is None else self.critic_named
+        """The published critic (the one the primary named, through the reader), rebuilt when its version moved."""
+        version = self.critic_named
         if version <= 0:
             raise JobRejected("no critic has been published yet; RL jobs need one")
         if version != self.critic_version:
-            if self.reader is None:
-                got = self.store.read_critic()
-            else:
-                got = self.reader.critic(self.store, at_least=version)
-                got = (got[0], codec.unpack(got[1], what="critic weights"))
-            if got is None:
-                raise JobRejected("critic weights are missing")
-            version, weights = got
+            try:
+                version, blob = self.reader.critic(self.store, at_least=version, tag=self.token)
+            except CodecError:
+                raise JobRejected("critic weights are missing") from None
+            weights = codec.unpack(blob, what="critic weights")
+            for k, v in weights.items():
+                codec.check_array(v, what=f"critic weight {k}")
             self.critic, self.critic_version = critic_module(self.cfg, weights, device), version
         return self.critic
 
@@ -325,9 +322,13 @@ class _RunContext:
 _CONTEXTS: dict[tuple[int, str], _RunContext] = {}
 
 
-def _context(client: redis.Redis, run: str) -> _RunContext:
+class StaleContext(Exception):
+    """The run this process keeps a context for was deleted and started over under the same id."""
+
+
+def _context(client: redis.Redis, run: str, fresh: bool = False) -> _RunContext:
     key = (id(client), run)
-    ctx = _CONTEXTS.get(key)
+    ctx = None if fresh else _CONTEXTS.get(key)
     if ctx is None:
         # Keep few runs' state per process: a shared pool of workers may serve several runs.
         if len(_CONTEXTS) >= 4:
@@ -383,13 +384,21 @@ def evaluate(
         if kind not in ("es", "rl"):
             raise JobRejected(f"job kind {kind!r} is not es/rl")
         ctx = _context(client, run)
+        if spec_hash != ctx.spec_hash and Store(client, run).token().encode() != ctx.token:
+            ctx = _context(client, run, fresh=True)  # the run was started over under this id
         store = ctx.store
         if spec_hash != ctx.spec_hash:
             raise JobRejected(
                 f"spec_hash {spec_hash} of the job does not match run {run}'s {ctx.cfg.spec_hash}: "
                 "the worker and the scheduler disagree on environment or network shape"
             )
-        inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions))
+        try:
+            inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions))
+        except StaleContext:  # started over under this id: its config, versions and critic are its own
+            log.info("run %s was started over; reading its config again", run)
+            ctx = _context(client, run, fresh=True)
+            store = ctx.store
+            inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions))
         if inp is None:
             log.info("job %s is no longer in flight (replaced or run over); skipped", job)
             return {"job": job, "skipped": True}

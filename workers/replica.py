@@ -1,7 +1,7 @@
-"""Read-only data of a run (dist:{v}, config, critic, replay) from a local Redis replica of the primary.
-
-Set by `AESRL_READ_URL` (or `aesrl-queue worker --read-url`). Writes never go here; a read that the
-replica cannot answer yet (it lags) or at all (it is down) goes to the primary.
+"""Every read of a job's run data (dist:{v}, critic, replay) goes through one ReplicaReader: from the
+host's replica (`aesrl-queue worker` starts one: workers/host_replica.py; `AESRL_READ_URL` names it)
+with a bounded wait for what it does not hold yet, else from the primary. Without a replica the same
+reader reads the primary directly. Writes never go to the replica.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import redis
 
 from aesrl_queue.codec import CodecError
 from aesrl_queue.connection import RETRY_ON, connect, redact
-from aesrl_queue.store import Store
+from aesrl_queue.store import ANNOUNCE, Store
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,18 @@ WAIT_ENV = "AESRL_READ_WAIT"
 DEFAULT_WAIT_S = 0.25
 # After this many fallbacks in a row the copy is skipped for a while, so that jobs do not pay the wait
 # every time: BYPASS_S seconds when it failed to answer (down, resyncing), and LAG_BYPASS_S when it
-# answered but lacked what was asked (behind: a busy relay), doubling while it stays behind, up to
+# answered but lacked what was asked (behind: a busy host), doubling while it stays behind, up to
 # BYPASS_S. Every read skipped costs the primary the bytes (1 MB for a HalfCheetah μ/var, 2 MB for a
-# critic), so a copy that is only behind is tried again soon.
+# critic), so a copy that is only behind is tried again soon; and the host's replica, when it dies,
+# is started again within a few seconds (workers/host_replica.py), so a dead one is tried every 5 s.
 BYPASS_AFTER = 3
-BYPASS_S = 30.0
+BYPASS_S = 5.0
 LAG_BYPASS_S = 1.0
+
+# A job whose version is not on the replica yet waits for the announcement of the next version (a
+# PUBLISH right after the scheduler's commit, replicated after the version's bytes) rather than polling; it
+# looks again at least this often, in case an announcement came before its subscription.
+ANNOUNCE_BACKSTOP_S = 0.1
 
 T = TypeVar("T")
 # A replica that is down, loading, or refusing (MASTERDOWN with replica-serve-stale-data no).
@@ -52,7 +58,7 @@ class ReplicaReader:
     named (`critic`): a lagging replica can only lack data, never hold a wrong version of it.
     """
 
-    def __init__(self, primary: redis.Redis, replica: redis.Redis, wait_s: float = DEFAULT_WAIT_S,
+    def __init__(self, primary: redis.Redis, replica: redis.Redis | None, wait_s: float = DEFAULT_WAIT_S,
                  url: str = "") -> None:
         self.primary = primary
         self.replica = replica
@@ -63,12 +69,17 @@ class ReplicaReader:
         self._errors = 0  # of them, the ones where the replica failed to answer (not merely lagged)
         self._bypass_until = 0.0
         self._lag_bypass_s = LAG_BYPASS_S  # the next skip for lagging; back to LAG_BYPASS_S after a hit
+        self._subs: dict[str, redis.client.PubSub] = {}  # announcement channels subscribed on the replica
         # Counters, for logs, tests and the scale benchmark.
         self.stats = {"replica": 0, "waited": 0, "primary": 0, "errors": 0}
 
     # -- health ---------------------------------------------------------------------------------------
     def usable(self) -> bool:
-        return time.monotonic() >= self._bypass_until
+        return self.replica is not None and time.monotonic() >= self._bypass_until
+
+    def fallbacks(self) -> int:
+        """Reads meant for the replica that went to the primary (0 without a replica)."""
+        return self.stats["primary"] if self.replica is not None else 0
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -118,6 +129,8 @@ class ReplicaReader:
         `append_only`: a read of a stream (the replay), where a lagging copy only has fewer entries and
         the next read takes the rest; it stays on the replica while the replica is skipped for lagging,
         so a copy that falls behind at a run's start does not send whole replay catch-ups to the primary."""
+        if self.replica is None:
+            return fn(self.primary)
         if self.usable() or (append_only and not self._errors):
             try:
                 out = fn(self.replica)
@@ -130,14 +143,57 @@ class ReplicaReader:
             self._count("primary")
         return fn(self.primary)
 
-    def wait_for(self, fn: Callable[[redis.Redis], T | None], what: str) -> T:
+    def _listener(self, channel: str) -> redis.client.PubSub | None:
+        """A subscription on the replica to `channel` (kept for the process), None if it fails."""
+        sub = self._subs.get(channel)
+        if sub is None:
+            try:
+                sub = self.replica.pubsub(ignore_subscribe_messages=True)
+                sub.subscribe(channel)
+            except _REPLICA_ERRORS:
+                return None
+            self._subs[channel] = sub
+        return sub
+
+    def _announced(self, sub: redis.client.PubSub | None, timeout: float) -> None:
+        """Wait up to `timeout` for an announcement on `sub` (without one, sleep `timeout`)."""
+        if sub is None:
+            time.sleep(timeout)
+            return
+        try:
+            sub.get_message(timeout=timeout)
+        except _REPLICA_ERRORS:
+            self._subs = {k: v for k, v in self._subs.items() if v is not sub}
+            time.sleep(timeout)
+
+    @staticmethod
+    def _drain(sub: redis.client.PubSub | None) -> None:
+        """Drop the announcements of earlier versions that queued up between jobs."""
+        quiet = 0
+        try:
+            while sub is not None and quiet < 2:  # a None also stands for a subscription's own reply
+                quiet = 0 if sub.get_message(timeout=0.0) is not None else quiet + 1
+        except _REPLICA_ERRORS:
+            pass
+
+    def wait_for(self, fn: Callable[[redis.Redis], T | None], what: str, channel: str | None = None) -> T:
         """fn(replica) until it returns something other than None (up to wait_s), else fn(primary).
 
-        `fn` returns None for "not there yet"; CodecError when the primary does not have it either."""
+        `fn` returns None for "not there yet"; CodecError when the primary does not have it either.
+        With `channel`, a replica that lacks it is asked again when the primary's announcement of a
+        new version reaches the replica (a PUBLISH right after the commit that wrote it, replicated in
+        order after the write), and at the latest every ANNOUNCE_BACKSTOP_S."""
+        if self.replica is None:
+            out = fn(self.primary)
+            if out is None:
+                raise CodecError(f"{what} is not in Redis (expired?)")
+            return out
         if self.usable():
             deadline = time.monotonic() + self.wait_s
             delay = 0.001
             waited = False
+            sub = self._listener(channel) if channel else None
+            self._drain(sub)
             try:
                 while True:
                     out = fn(self.replica)
@@ -146,11 +202,15 @@ class ReplicaReader:
                         if waited:
                             self._count("waited")
                         return out
-                    if time.monotonic() + delay > deadline:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (sub is None and delay > left):
                         break
                     waited = True
-                    time.sleep(delay)
-                    delay = min(2 * delay, 0.02)
+                    if sub is not None:
+                        self._announced(sub, min(left, ANNOUNCE_BACKSTOP_S))
+                    else:
+                        time.sleep(delay)
+                        delay = min(2 * delay, 0.02)
                 self._miss(f"{what} not on the replica after {self.wait_s:.2f}s")
             except _REPLICA_ERRORS as exc:
                 self._count("errors")
@@ -162,18 +222,18 @@ class ReplicaReader:
             raise CodecError(f"{what} is in neither the replica nor the primary (expired?)")
         return out
 
-    def dist(self, store: Store, version: int) -> tuple[bytes, bytes]:
-        """The raw mu and var blobs of dist:{version} (immutable once written)."""
-        return self.wait_for(lambda c: store.dist_blobs(version, client=c), f"distribution version {version}")
+    def dist(self, store: Store, version: int, tag: bytes | None = None) -> tuple[bytes, bytes]:
+        """The raw mu and var blobs of dist:{version} (immutable once written), carrying the run token
+        `tag` that the primary named (a copy of an earlier run of the same id is not there yet)."""
+        return self.wait_for(lambda c: store.dist_blobs(version, client=c, tag=tag), f"distribution version {version}",
+                             channel=store.key(ANNOUNCE))
 
-    def config_blob(self, store: Store) -> bytes:
-        return self.wait_for(lambda c: store.config_blob(client=c), "the run's config")
-
-    def critic(self, store: Store, at_least: int) -> tuple[int, bytes]:
-        """(version, weights blob) of the critic, of version >= at_least (what the primary named)."""
+    def critic(self, store: Store, at_least: int, tag: bytes | None = None) -> tuple[int, bytes]:
+        """(version, weights blob) of the critic, of version >= at_least (what the primary named) and of
+        this run (`tag`)."""
 
         def get(c: redis.Redis):
-            got = store.critic_blob(client=c)
+            got = store.critic_blob(client=c, tag=tag)
             return None if got is None or got[0] < at_least else got
 
         return self.wait_for(get, f"critic version {at_least}")
@@ -186,17 +246,24 @@ def read_url() -> str | None:
     return os.environ.get(READ_URL_ENV) or None
 
 
-def reader_for(primary: redis.Redis, url: str | None = None) -> ReplicaReader | None:
-    """The process's reader for `primary` ($AESRL_READ_URL unless url is given); None when unset."""
-    url = url or read_url()
-    if not url:
-        return None
+def reader_for(primary: redis.Redis, url: str | None = None) -> ReplicaReader:
+    """The process's reader for `primary`: through the replica $AESRL_READ_URL (or `url`) names, or,
+    when none is named, straight from the primary."""
+    url = url or read_url() or ""
     key = (id(primary), url)
     reader = _READERS.get(key)
     if reader is None:
-        # Fail fast on a dead replica: the primary answers instead (connect()'s default retries ~20 s).
-        client = connect(url, check=False, retries=1, socket_connect_timeout=1.0, socket_timeout=10.0)
+        client = None
+        if url:
+            # Fail fast on a dead replica: the primary answers instead (connect()'s default retries ~20 s).
+            client = connect(url, check=False, retries=1, socket_connect_timeout=1.0, socket_timeout=10.0)
         wait = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S))
         reader = _READERS[key] = ReplicaReader(primary, client, wait_s=wait, url=url)
-        log.info("reading run data from replica %s (wait up to %.2fs for a version)", redact(url), wait)
+        if url:
+            log.info("reading run data from replica %s (wait up to %.2fs for a version)", redact(url), wait)
     return reader
+
+
+def fallbacks() -> int:
+    """Reads of this process meant for its host's replica that went to the primary."""
+    return sum(r.fallbacks() for r in list(_READERS.values()))

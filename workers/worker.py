@@ -146,6 +146,8 @@ class AesrlWorker(SimpleWorker):
             "started_at": self._started_at, "last_seen": time.time(),
             "job": self._current.get("job", ""), "kind": self._current.get("kind", ""),
             "run": self._current.get("run", ""),
+            # reads meant for the host's replica that went to the primary (`status` sums them per host)
+            "fallbacks": replica.fallbacks(),
         }
         worker_beat(self.connection, self.name, fields)
 
@@ -185,7 +187,7 @@ class AesrlWorker(SimpleWorker):
         """Say at start-up whether $AESRL_READ_URL names a replica that jobs can read from."""
         try:
             reader = replica.reader_for(self.connection)
-            if reader is not None:
+            if reader.replica is not None:
                 info = reader.check()
                 log.info("worker %s reads run data from replica %s (link %s)", self.name,
                          replica.redact(reader.url), info.get("master_link_status"))
