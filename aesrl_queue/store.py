@@ -221,6 +221,19 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         dist_after=num("dist_after", float, math.nan),
     )
 
+def run_token(cfg: RunConfig) -> str:
+    """What tells a run from an earlier one of the same id (its creation time): published versions
+    and critics carry it, so a host's copy of a deleted run's data is never taken for this run's."""
+    return repr(float(cfg.created_at))
+
+
+def announce(store: Store, version: int) -> None:
+    """Tell the hosts that `version` of the store's run is published (after the commit that wrote it:
+    a replica delivers the message after the bytes). A hint only: a job waiting for a version also
+    looks again every 0.1 s."""
+    store.r.publish(store.key(ANNOUNCE), version)
+
+
 class Store:
     """Named operations on the keys of one run."""
 
@@ -256,12 +269,6 @@ class Store:
             raise ValueError(f"run {self.run_id}: a new config must keep the spec {self.config().spec_hash}")
         self.r.set(self.key("config"), codec.pack(cfg.to_dict()))
         self._config = cfg
-
-    def token(self) -> str:
-        """What tells this run from an earlier one of the same id (its creation time): published
-        versions and critics carry it, so a host's copy of a deleted run's data is never taken for
-        this run's."""
-        return repr(float(self.config().created_at))
 
     def exists(self) -> bool:
         return bool(self.r.exists(self.key("config")))
@@ -327,16 +334,10 @@ class Store:
             self.key(dist_name(version)),
             # Views, not copies: the pipeline sends them before anyone could change the arrays.
             mapping={"mu": codec.array_view(mu), "var": codec.array_view(var), "version": version,
-                     "tag": self.token()},
+                     "tag": run_token(self.config())},
         )
         if read_refs:
             c.hvals(self.key("refs"))
-
-    def announce(self, version: int) -> None:
-        """Tell the hosts that `version` is published (after the commit that wrote it: a replica
-        delivers the message after the bytes). A hint only: a job waiting for a version also looks
-        again every 0.1 s."""
-        self.r.publish(self.key(ANNOUNCE), version)
 
     def read_dist(self, version: int, client: redis.Redis | None = None) -> tuple[np.ndarray, np.ndarray]:
         """μ and var of `version`; CodecError if the version is gone or its blobs are malformed."""
@@ -515,7 +516,7 @@ class Store:
     # -- critic -----------------------------------------------------------------------------------
     def publish_critic(self, version: int, weights: dict[str, np.ndarray], pipe=None) -> None:
         (pipe or self.r).hset(self.key("critic"), mapping={"version": version, "weights": codec.pack(weights),
-                                                            "tag": self.token()})
+                                                            "tag": run_token(self.config())})
 
     def critic_version(self, client: redis.Redis | None = None) -> int:
         value = (client or self.r).hget(self.key("critic"), "version")

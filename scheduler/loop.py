@@ -39,7 +39,7 @@ from aesrl_queue.optimizers import (
     uses_rl,
 )
 from aesrl_queue.optimizers.base import finite
-from aesrl_queue.store import Result, Store
+from aesrl_queue.store import Result, Store, announce
 from scheduler.breaker import FailureBreaker
 from scheduler.critic_gate import make_gate
 from scheduler.dispatch import Dispatcher
@@ -306,7 +306,7 @@ class Scheduler:
         if not self.announcing:
             return
         try:
-            self.store.announce(version)
+            announce(self.store, version)
         except redis.exceptions.NoPermissionError as exc:
             self.announcing = False
             log.warning("run %s: versions are not announced (%s): allow the channels &aesrl:* to this "

@@ -19,7 +19,7 @@ from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
 from aesrl_queue.redis_server import RedisServer
-from aesrl_queue.store import Store, host_beat, live_workers, worker_beat
+from aesrl_queue.store import Store, host_beat, live_workers, run_token, worker_beat
 from tests.conftest import wait_for
 from tests.faults import check_exactly_once
 from workers import host_replica, jobs, replica
@@ -125,7 +125,7 @@ def test_a_run_started_over_under_its_id_reads_its_own_config_and_versions(prima
     args = _job(new, "j2")
     assert jobs.evaluate(**args, client=p)["job"] == "j2"
     ctx = jobs._context(p, "again")
-    assert ctx.cfg.algo == "aesrl" and ctx.token == new.token().encode()
+    assert ctx.cfg.algo == "aesrl" and ctx.token == run_token(new.config()).encode()
     version, mu, _var = ctx.begin("j2", b"info")
     assert version == 5 and float(mu[0]) == -5.0  # the new run's μ, from the primary: the host's is tagged old
     assert replica.reader_for(p).stats["primary"] >= 1

@@ -30,7 +30,7 @@ from aesrl_queue import codec, noise
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
 from aesrl_queue.optimizers import needs_critic_daemon
-from aesrl_queue.store import Store, decode_dist
+from aesrl_queue.store import Store, decode_dist, run_token
 from workers.replica import ReplicaReader, reader_for
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class _RunContext:
         # is read from the primary: a few KB once per run, never an earlier run's of the same id.
         self.reader: ReplicaReader = reader_for(client)
         self.cfg = self.store.config()
-        self.token = self.store.token().encode()  # what this run's versions and critic carry
+        self.token = run_token(self.store.config()).encode()  # what this run's versions and critic carry
         cfg = self.cfg
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
         # The replay's readers are the critic and RL jobs: a run without them stores no transitions.
@@ -384,7 +384,7 @@ def evaluate(
         if kind not in ("es", "rl"):
             raise JobRejected(f"job kind {kind!r} is not es/rl")
         ctx = _context(client, run)
-        if spec_hash != ctx.spec_hash and Store(client, run).token().encode() != ctx.token:
+        if spec_hash != ctx.spec_hash and run_token(Store(client, run).config()).encode() != ctx.token:
             ctx = _context(client, run, fresh=True)  # the run was started over under this id
         store = ctx.store
         if spec_hash != ctx.spec_hash:
