@@ -62,6 +62,16 @@ COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state 
 PUBLISH_HZ = 10.0
 
 
+# How the loop words an optimizer's events (name -> level, %-format of its numbers).
+OPTIMIZER_EVENTS = {
+    "generation": (logging.INFO, "generation %(g)d (version %(version)d): %(rl)d RL + %(es)d ES members, "
+                                 "%(steps)d steps stored"),
+    "told": (logging.INFO, "generation %(g)d told (best f(z) %(best).1f, mean %(mean).1f) -> version %(version)d"),
+    "dropped": (logging.WARNING, "member %(member)d of generation %(g)d dropped after %(tries)d tries"),
+    "gone": (logging.WARNING, "RL member %(member)d of generation %(g)d is gone; evaluating it again"),
+}
+
+
 class _Pending:
     """What told results ask to be written, held until the next commit."""
 
@@ -243,6 +253,14 @@ class Scheduler:
             self._commit(refill)
         elif refill:
             self._refill()
+        self._say()
+
+    def _say(self) -> None:
+        """Log what the optimizer reported since the last call (CEM's generations, dropped members)."""
+        while self.opt.events:
+            name, numbers = self.opt.events.pop(0)
+            level, text = OPTIMIZER_EVENTS[name]
+            log.log(level, "run %s: %s", self.cfg.run_id, text % numbers)
 
     def _next_publish(self) -> float:
         return self.published_at + (1.0 / self.publish_hz if self.publish_hz > 0 else 0.0)
@@ -456,6 +474,7 @@ class Scheduler:
 
     def _finish(self) -> str:
         self._flush()
+        self._say()
         left = list(self.inflight)
         self.inflight.forget(left)
         self.store.drop_dists(self.to_delete)

@@ -615,3 +615,22 @@ def test_optimizers_know_numbers_only_ask_and_tell_have_the_pycma_shape() -> Non
     src = "".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "aesrl_queue/optimizers").glob("*.py"))
     for word in ("critic_wait", "critic_version", "critic_steps", "monotonic", "time.time"):
         assert word not in src, word
+
+
+
+def test_cem_reports_its_generations_as_numbers_and_the_loop_words_them() -> None:
+    """The optimizer logs nothing itself: a generation's start and its tell are events of numbers,
+    which the scheduler loop words (scheduler/loop.py OPTIMIZER_EVENTS)."""
+    from scheduler.loop import OPTIMIZER_EVENTS
+
+    cfg = config("pcemrl", initial_steps=0, population=4)
+    opt = CemOptimizer(cfg, mu0(cfg))
+    specs = ask(opt, 1, steps=0, inflight=0, critic_version=0, now=0.0)
+    assert opt.events == [("generation", {"g": 0, "version": 0, "rl": 0, "es": 4, "steps": 0})]
+    for s, f in zip(specs, [1.0, 4.0, 3.0, 2.0], strict=True):
+        tell(opt, evaluated(opt, s, fitness=f, length=10))
+    name, numbers = opt.events[-1]
+    assert name == "told" and numbers == {"g": 0, "best": 4.0, "mean": 2.5, "version": 1}
+    for name, numbers in opt.events:
+        assert OPTIMIZER_EVENTS[name][1] % numbers
+    assert "generation 0 told (best f(z) 4.0, mean 2.5) -> version 1" == OPTIMIZER_EVENTS["told"][1] % numbers

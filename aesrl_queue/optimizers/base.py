@@ -93,9 +93,11 @@ class Update:
 
 
 class OwnsDistribution:
-    """What the loop reads of an optimizer's search distribution (`self.dist`): version, μ, var."""
+    """What the loop reads of an optimizer's search distribution (`self.dist`): version, μ, var; and
+    `events`, what happened inside it worth a log line, as (name, numbers) for the loop to word."""
 
     dist: Any
+    events: list[tuple[str, dict[str, Any]]]
 
     @property
     def version(self) -> int:

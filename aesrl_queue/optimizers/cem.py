@@ -10,7 +10,6 @@ and the RL members from their stored individuals (`needs_individuals` / `provide
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -32,8 +31,6 @@ from aesrl_queue.optimizers.base import (
     generation_seed,
     job_id,
 )
-
-log = logging.getLogger(__name__)
 
 MAX_TRIES = 3  # dispatches of one member (lost or failed jobs) before the generation goes on without it
 
@@ -65,6 +62,7 @@ class CemOptimizer(OwnsDistribution):
         self.no_critic_gen = -1  # generation in which the critic did not come; its RL members run as ES
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
         self._need: dict[str, int] = {}  # jobs whose stored individual to fetch after a restart -> member
+        self.events: list[tuple[str, dict[str, Any]]] = []  # for the loop's log (OwnsDistribution)
 
     def done(self, steps: int) -> bool:
         """The budget is spent and no generation is open (a generation is always finished)."""
@@ -158,8 +156,8 @@ class CemOptimizer(OwnsDistribution):
         self.gen = {"g": g, "version": self.version, "members": members, "steps_at_start": steps,
                     "rl_steps": min(cfg.rl_steps_max, prev_steps or cfg.max_episode_steps)}
         self._z = {}
-        log.info("run %s: generation %d (version %d): %d RL + %d ES members, %d steps stored", cfg.run_id, g,
-                 self.version, n_rl, cfg.population - n_rl, steps)
+        self.events.append(("generation", {"g": g, "version": self.version, "rl": n_rl, "es": cfg.population - n_rl,
+                                           "steps": steps}))
 
     # -- tell ------------------------------------------------------------------------------------
     def _member_of(self, job: str) -> int | None:
@@ -210,8 +208,8 @@ class CemOptimizer(OwnsDistribution):
         fits = np.array([members[i]["fitness"] for i in done], dtype=np.float64)
         self.dist.tell(pop, fits)
         self.prev_gen_steps = sum(int(members[i]["len"]) for i in done)
-        log.info("run %s: generation %d told (best f(z) %.1f, mean %.1f) -> version %d", self.cfg.run_id,
-                 self.gen["g"], float(fits.max()), float(fits.mean()), self.version)
+        self.events.append(("told", {"g": self.gen["g"], "best": float(fits.max()), "mean": float(fits.mean()),
+                                     "version": self.version}))
         self.generation = self.gen["g"] + 1
         self.gen, self._z = None, {}
         return Update(version=self.version, moved=True, mean=self.dist.mean, var=self.dist.var)
@@ -227,8 +225,7 @@ class CemOptimizer(OwnsDistribution):
         m["job"] = ""
         if not retry or m["tries"] >= MAX_TRIES:
             m["dropped"] = True
-            log.warning("run %s: member %d of generation %d dropped after %d tries", self.cfg.run_id, i,
-                        self.gen["g"], m["tries"])
+            self.events.append(("dropped", {"member": i, "g": self.gen["g"], "tries": m["tries"]}))
         members = self.gen["members"]
         if not all(mm["done"] or mm["dropped"] for mm in members):
             return None
@@ -256,8 +253,7 @@ class CemOptimizer(OwnsDistribution):
         m = self.gen["members"][member]
         self._need.pop(m["job"], None)
         if z is None:
-            log.warning("run %s: RL member %d of generation %d is gone; evaluating it again", self.cfg.run_id,
-                        member, self.gen["g"])
+            self.events.append(("gone", {"member": member, "g": self.gen["g"]}))
             m.update(done=False, job="")
             m.pop("f_mu", None)
         else:
