@@ -394,6 +394,21 @@ class Store:
         if pipe is None:
             p.execute()
 
+    # -- the virtual executor's jobs (aesrl_queue/virtual.py) -----------------------------------------
+    def hold_virtual_jobs(self, kwargs: list[dict[str, Any]], pipe=None) -> None:
+        """Keep the arguments of jobs a virtual run dispatched (in the commit's MULTI/EXEC, beside their
+        `inflight` entries), so that a resumed virtual run runs again those that had not reported."""
+        if kwargs:
+            (pipe or self.r).hset(self.key("virtual_jobs"), mapping={k["job"]: codec.pack(k) for k in kwargs})
+
+    def virtual_jobs(self) -> dict[str, dict[str, Any]]:
+        return {_text(k): codec.unpack(v, what=f"virtual job {_text(k)}")
+                for k, v in self.r.hgetall(self.key("virtual_jobs")).items()}
+
+    def drop_virtual_jobs(self, jobs: list[str]) -> None:
+        if jobs:
+            self.r.hdel(self.key("virtual_jobs"), *jobs)
+
     # -- a worker's side of the job protocol -------------------------------------------------------
     def start_job(self, job: str, info: bytes) -> list | None:
         """Register `job` as started on the primary: [version, critic version] (the version's μ/var
