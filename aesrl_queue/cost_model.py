@@ -3,7 +3,8 @@ a result's trip and a critic chunk take. A JSON file holds one; `aesrl-queue cal
 this machine for a run's config and writes it.
 
     {"env_step_s": 5e-05, "actor_step_s": 0.002, "learner_steps_per_s": 1000.0,
-     "result_latency_s": 0.002, "publish_latency_s": 0.005, "job_overhead_s": 0.005, "tell_s": 0.00065}
+     "result_latency_s": 0.002, "publish_latency_s": 0.005, "job_overhead_s": 0.005, "tell_s": 0.00065,
+     "worker_gap_s": 0.0}
 
 A job takes job_overhead_s + env_step_s × (environment steps it played: its episode or antithetic
 pair and its f(μ) episodes) + actor_step_s × (its RL actor steps). Its result reaches the scheduler
@@ -11,7 +12,10 @@ result_latency_s after the job ends. A commit's new μ version and the jobs it d
 workers publish_latency_s after the commit; the critic spends critic_chunk / learner_steps_per_s on a
 chunk and publish_latency_s on publishing its weights, one after the other, as the daemon does. The
 scheduler is one server: it spends tell_s on each result, and a result that arrives while it is busy
-waits its turn, which bounds a run's results per second by 1 / tell_s.
+waits its turn, which bounds a run's results per second by 1 / tell_s. A worker takes its next job
+worker_gap_s after its last one ended (an RQ worker's dequeue and the job's setup, which a job's
+measured `duration` leaves out; 0 by default and in `calibrate`'s output: bench/virtual.py validate
+fits it to a real run, whose workers on 2 shared cores spend 10-30 ms there per Pendulum job).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ FIELDS = {
     "publish_latency_s": "seconds from a publication (μ version and its jobs, critic weights) until workers see it",
     "job_overhead_s": "seconds a job spends besides its steps (start, reads, the result's write)",
     "tell_s": "seconds of the scheduler's loop per result (its tell and its share of the commits)",
+    "worker_gap_s": "seconds a worker spends between two jobs, outside both (dequeue, set-up)",
 }
 
 
@@ -53,6 +58,7 @@ class CostModel:
     job_overhead_s: float = 5e-3
     # the loop thread's 0.45-0.66 ms per ES result at 1,000 results/s (docs/scaling.md): ~1,550 results/s
     tell_s: float = 6.5e-4
+    worker_gap_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

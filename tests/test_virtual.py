@@ -158,6 +158,19 @@ def test_the_scheduler_tells_one_result_at_a_time(tmp_path):
     assert all(b - a >= 0.25 - 1e-9 for a, b in zip(times, times[1:], strict=False))
 
 
+def test_a_worker_takes_its_next_job_worker_gap_s_after_its_last(tmp_path):
+    # one worker, jobs of 0.05 s and 0.3 s between them: its results come 0.35 s apart, not 0.05 s
+    cost = CostModel(env_step_s=1e-3, job_overhead_s=0.01, result_latency_s=0.0, publish_latency_s=0.0,
+                     worker_gap_s=0.3)
+    run = VirtualRun(_config(algo="es", run_id="virtual-gap", total_steps=400), 1, cost, out_dir=tmp_path)
+    run.run()
+    updates = _updates(run.run_dir)
+    seconds = cost.job_seconds(2 * EPISODE_LEN, 0)
+    assert len(updates) >= 5 and {round(u["duration"], 9) for u in updates} == {round(seconds, 9)}
+    times = sorted({u["t"] for u in updates})
+    assert all(b - a >= seconds + 0.3 - 1e-9 for a, b in zip(times, times[1:], strict=False))
+
+
 def test_cost_model_files_and_bad_fields(tmp_path):
     model = CostModel(env_step_s=1e-4, actor_step_s=1e-3, job_overhead_s=0.5)
     assert model.job_seconds(100, 10) == pytest.approx(0.5 + 1e-2 + 1e-2)
