@@ -165,10 +165,10 @@ def test_a_worker_takes_its_next_job_worker_gap_s_after_its_last(tmp_path):
     run = VirtualRun(_config(algo="es", run_id="virtual-gap", total_steps=400), 1, cost, out_dir=tmp_path)
     run.run()
     updates = _updates(run.run_dir)
-    seconds = cost.job_seconds(2 * EPISODE_LEN, 0)
-    assert len(updates) >= 5 and {round(u["duration"], 9) for u in updates} == {round(seconds, 9)}
+    job_length = cost.job_seconds(2 * EPISODE_LEN, 0)  # virtual time: the same on any machine
+    assert len(updates) >= 5 and {round(u["duration"], 9) for u in updates} == {round(job_length, 9)}
     times = sorted({u["t"] for u in updates})
-    assert all(b - a >= seconds + 0.3 - 1e-9 for a, b in zip(times, times[1:], strict=False))
+    assert all(b - a >= job_length + 0.3 - 1e-9 for a, b in zip(times, times[1:], strict=False))
 
 
 def test_cost_model_files_and_bad_fields(tmp_path):
