@@ -86,12 +86,13 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
     run_id = f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
     cfg = RunConfig.from_preset(cell["env"], algo=cell["algo"], seed=cell["seed"], run_id=run_id,
-                                total_steps=cell["steps"]).resolve()
+                                total_steps=cell["steps"], **cell.get("settings", {})).resolve()
     t0 = time.monotonic()
     shutil.rmtree(Path(cell["runs"]) / run_id, ignore_errors=True)  # a cell run again starts over
     run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
     summary = run.run()
-    return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps")}, "run_dir": str(run.run_dir),
+    return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "settings", "cost_model")},
+            "run_dir": str(run.run_dir),
             "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
             "wall_s": round(time.monotonic() - t0, 1),
             **score(read_metrics(run.run_dir), cell["interactions"], cell["thresholds"])}
@@ -100,7 +101,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> None:
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
-              "cost_model": args.cost_model, "runs": args.runs}
+              "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set)}
              for env, algo, n, seed in itertools.product(args.envs.split(","), args.algos.split(","),
                                                           args.workers.split(","), args.seeds.split(","))]
     out = Path(args.out)
@@ -113,6 +114,7 @@ def measure(args: argparse.Namespace) -> None:
 
 
 # -- validate: real worker processes against the virtual executor ----------------------------------------
+VARIANTS = ("real", "calibrated", "fitted", "fitted-gap")
 LAG_BINS = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 7), (8, 15), (16, 31), (32, None))
 
 
@@ -246,7 +248,7 @@ def validate(args: argparse.Namespace) -> None:
                   str(runs)]
         name = f"val-{args.env.split('-')[0].lower()}-{algo}-n{n}-s{seed}"
         cells = {}
-        for variant in ("real", "calibrated", "fitted", "fitted-gap"):
+        for variant in [v for v in VARIANTS if v in args.variants.split(",")]:
             folder = runs / f"{name}-{variant}"
             if variant == "real":
                 extra = ["--workers", str(n), "--snapshot-every", "0"]
@@ -277,6 +279,7 @@ def validate(args: argparse.Namespace) -> None:
             if variant != "real":
                 cell["ks_d"], cell["ks_p"] = ks(lags, lags_of(cells["real"]))
                 cell["fit"] = fit
+                cell["cost_model"] = CostModel.load(path).to_dict()
             results["cells"] = [c for c in results["cells"] if (c["algo"], c["workers"], c["seed"], c["variant"])
                                 != (algo, n, seed, variant)] + [cell]
             save()
@@ -306,6 +309,7 @@ def main() -> None:
     m.add_argument("--interactions", type=int, default=100_000, help="where f(μ)~ is read")
     m.add_argument("--thresholds", default="1000,2000,3000", help="f(μ)~ levels timed in virtual seconds")
     m.add_argument("--cost-model", default=None, help="a cost-model file (default: nominal durations)")
+    m.add_argument("--set", default="{}", help='config fields for every cell, as JSON: \'{"critic_hidden": [64, 64]}\'')
     m.add_argument("--jobs", type=int, default=1, help="cells at once, each in its own process")
     m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")
     m.add_argument("--out", default="bench/results/virtual.jsonl")
@@ -317,6 +321,8 @@ def main() -> None:
     v.add_argument("--steps", type=int, default=30_000)
     v.add_argument("--cost-model", default="bench/results/cost-model-pendulum.json",
                    help="the calibrated model (`aesrl-queue calibrate` writes it here first when missing)")
+    v.add_argument("--variants", default=",".join(VARIANTS),
+                   help="which of real, calibrated, fitted, fitted-gap (the fitted ones need real and calibrated)")
     v.add_argument("--runs", default="runs/validate")
     v.add_argument("--reuse", action="store_true", help="keep finished run folders and the results file's cells")
     v.add_argument("--out", default="bench/results/virtual-validate.json")
