@@ -216,6 +216,15 @@ def _cli(args: list[str], log_path: Path) -> float:
     return round(time.monotonic() - t0, 1)
 
 
+def _run_wall_s(folder: Path) -> float | None:
+    try:
+        if (folder / "virtual.json").is_file():
+            return json.loads((folder / "virtual.json").read_text()).get("wall_s")
+        return json.loads((folder / "summary.json").read_text()).get("elapsed_s")
+    except (OSError, ValueError):
+        return None
+
+
 def _finished(folder: Path) -> bool:
     try:
         return json.loads((folder / "summary.json").read_text()).get("status") == "finished"
@@ -270,6 +279,8 @@ def validate(args: argparse.Namespace) -> None:
             if not (args.reuse and _finished(folder)):
                 print(f"{variant}: {command}", flush=True)
                 wall = _cli(["run", *common, *extra, "--run-id", folder.name, "--force"], runs / f"{folder.name}.log")
+            if wall is None:  # reused: the run's own wall seconds (a real run's elapsed_s; virtual.json's wall_s)
+                wall = _run_wall_s(folder)
             metrics = read_metrics(folder)
             cells[variant] = metrics
             lags = lags_of(metrics)
