@@ -491,6 +491,7 @@ class VirtualRun:
                 slot = heapq.heappop(free)
                 held = run_held_job(client, kwargs)
                 seconds = cost.job_seconds(held.env_steps, max(1, held.rl_steps) if held.kind == "rl" else 0)
+                seconds *= cost.spread(cfg.seed, held.job)
                 self._push(self.now + seconds + cost.worker_gap_s, "free", slot)
                 self._push(self.now + seconds + cost.result_latency_s, "result", (held, slot, seconds))
 

@@ -114,7 +114,7 @@ def measure(args: argparse.Namespace) -> None:
 
 
 # -- validate: real worker processes against the virtual executor ----------------------------------------
-VARIANTS = ("real", "calibrated", "fitted", "fitted-gap")
+VARIANTS = ("real", "calibrated", "fitted", "fitted-gap", "fitted-spread")
 LAG_BINS = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 7), (8, 15), (16, 31), (32, None))
 
 
@@ -193,6 +193,20 @@ def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict
     return dataclasses.replace(calibrated, **changes), {"k_es": k_es, "k_rl": k_rl, "critic_rate": median(rates)}
 
 
+def duration_spread(metrics: list[dict[str, Any]]) -> float:
+    """The coefficient of variation of a real run's job durations (after the random phase), the mean of
+    its job kinds' weighted by their results."""
+    total, n = 0.0, 0
+    for kind in ("es", "rl"):
+        d = [float(u["duration"]) for u in metrics if u.get("type") == "update" and u.get("kind") == kind
+             and not u.get("random") and isinstance(u.get("duration"), int | float)]
+        if len(d) > 2:
+            mean = sum(d) / len(d)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+            total, n = total + len(d) * sd / mean, n + len(d)
+    return total / n if n else 0.0
+
+
 def worker_gap(metrics: list[dict[str, Any]], workers: int) -> float:
     """A real run's time per job of a worker outside the job's measured duration: the mean cycle of a
     worker (workers × the span of the results after the random phase / their number) less the mean
@@ -264,12 +278,15 @@ def validate(args: argparse.Namespace) -> None:
             else:
                 if variant.startswith("fitted"):
                     model, fit = fitted_cost_model(calibrated, cells["real"], cells["calibrated"])
-                    if variant == "fitted-gap":  # and the workers' time between jobs, of the real es run at N
+                    if variant in ("fitted-gap", "fitted-spread"):  # and the workers' time between jobs, of the real es run at N
                         es_real = runs / f"val-{args.env.split('-')[0].lower()}-es-n{n}-s{seed}-real"
                         source = read_metrics(es_real) if _finished(es_real) else cells["real"]
                         fit = {**fit, "worker_gap_s": worker_gap(source, n), "gap_from": str(es_real.name
                                                                                        if _finished(es_real) else name)}
                         model = dataclasses.replace(model, worker_gap_s=fit["worker_gap_s"])
+                    if variant == "fitted-spread":  # and the spread of the real run's job durations
+                        fit["duration_spread"] = duration_spread(cells["real"])
+                        model = dataclasses.replace(model, duration_spread=fit["duration_spread"])
                     path = runs / f"{name}-{variant}-cost.json"
                     model.save(path, notes=fit)
                 else:

@@ -176,6 +176,15 @@ def test_cost_model_files_and_bad_fields(tmp_path):
     assert model.job_seconds(100, 10) == pytest.approx(0.5 + 1e-2 + 1e-2)
     path = model.save(tmp_path / "cost.json", notes={"host": "here"})
     assert CostModel.load(path) == model
+    # duration_spread: a factor per job, the same for the same seed and job, of mean 1 and that spread
+    spread = CostModel(duration_spread=0.5)
+    factors = [spread.spread(4, f"run-j{i}") for i in range(4000)]
+    assert factors[:50] == [spread.spread(4, f"run-j{i}") for i in range(50)] != [spread.spread(5, f"run-j{i}")
+                                                                                  for i in range(50)]
+    mean = sum(factors) / len(factors)
+    sd = (sum((f - mean) ** 2 for f in factors) / len(factors)) ** 0.5
+    assert mean == pytest.approx(1.0, abs=0.05) and sd / mean == pytest.approx(0.5, abs=0.05)
+    assert CostModel().spread(4, "run-j1") == 1.0
     with pytest.raises(CostModelError, match="learner_steps_per_s"):
         CostModel(learner_steps_per_s=0)
     with pytest.raises(CostModelError, match="env_step_s"):
