@@ -270,3 +270,19 @@ def test_a_killed_virtual_run_resumes(first_run, tmp_path, procs):
     again = [line for line in got.output.splitlines() if "run again" in line]
     print(f"\nvirtual resume: killed after {sum('update' in line for line in before)} of {total} updates; "
           f"{again}; {len(updates)} updates in all, {summary['steps']} steps")
+
+
+def test_load_resume_continues_a_virtual_run(tmp_path):
+    import aesrl_queue
+
+    run = aesrl_queue.train("AesrlNull-v0", algo="es", steps=400, seed=3, out=tmp_path, run_id="virtual-api",
+                            hidden=(8, 8), env_kwargs={"episode_len": EPISODE_LEN}, mean_eval_episodes=1,
+                            virtual_workers=2, progress=False)
+    before = _updates(run.folder)
+    with pytest.raises(aesrl_queue.ConfigError, match="virtual run"):
+        aesrl_queue.load(run.folder).resume(steps=800, redis_url="redis://127.0.0.1:1/0")
+    again = aesrl_queue.load(run.folder).resume(steps=800, progress=False)
+    assert again.summary["status"] == "finished" and again.summary["steps"] >= 800
+    after = _updates(run.folder)
+    assert after[:len(before)] == before and len(after) > len(before)
+    assert json.loads((run.folder / VIRTUAL_FILE).read_text())["resumes"][0]["total_steps"] == 800
