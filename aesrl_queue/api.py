@@ -392,9 +392,9 @@ class Run:
         stored steps (default: its budget); returns it. Blocks, and stops on Ctrl-C, as train does."""
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
             raise ConfigError("total_steps", f"must be a positive integer, got {steps!r}")
-        if (self.folder / "virtual.json").is_file():
-            raise ConfigError("folder", f"{self.folder} is a virtual run, which keeps no Redis data: train it again "
-                                        "with a larger budget (the same seed and cost model give the same run)")
+        virtual = (self.folder / "virtual.json").is_file()
+        if virtual and redis_url is not None:
+            raise ConfigError("redis_url", f"{self.folder} is a virtual run: it resumes on its own Redis data (redis/)")
         if redis_url is None and not (self.folder / "redis").is_dir():
             raise ConfigError("folder", f"{self.folder} has no Redis data (redis/): pass the redis_url that holds it")
         self._hand_over_envs()
@@ -411,6 +411,14 @@ class Run:
                     f"budget {cfg.total_steps:,} -> {steps:,} stored steps"]
             return cfg, []
 
+        if virtual:  # in virtual time in this process, on its virtual.json's workers and cost model
+            from aesrl_queue.virtual import VirtualRun, VirtualRunError
+
+            try:
+                VirtualRun.resumed(self.folder, resume=check, say=_say).run()
+            except (Refused, VirtualRunError) as exc:
+                raise RunError(str(exc)) from None
+            return load(self.folder)
         local = LocalRun(None, workers, redis_url=redis_url, run_dir=self.folder, resume=check, say=_say)
         return _run(local, progress, _say)
 

@@ -3,7 +3,8 @@ a result's trip and a critic chunk take. A JSON file holds one; `aesrl-queue cal
 this machine for a run's config and writes it.
 
     {"env_step_s": 5e-05, "actor_step_s": 0.002, "learner_steps_per_s": 1000.0,
-     "result_latency_s": 0.002, "publish_latency_s": 0.005, "job_overhead_s": 0.005, "tell_s": 0.00065}
+     "result_latency_s": 0.002, "publish_latency_s": 0.005, "job_overhead_s": 0.005, "tell_s": 0.00065,
+     "worker_gap_s": 0.0, "duration_spread": 0.0}
 
 A job takes job_overhead_s + env_step_s × (environment steps it played: its episode or antithetic
 pair and its f(μ) episodes) + actor_step_s × (its RL actor steps). Its result reaches the scheduler
@@ -11,7 +12,13 @@ result_latency_s after the job ends. A commit's new μ version and the jobs it d
 workers publish_latency_s after the commit; the critic spends critic_chunk / learner_steps_per_s on a
 chunk and publish_latency_s on publishing its weights, one after the other, as the daemon does. The
 scheduler is one server: it spends tell_s on each result, and a result that arrives while it is busy
-waits its turn, which bounds a run's results per second by 1 / tell_s.
+waits its turn, which bounds a run's results per second by 1 / tell_s. A worker takes its next job
+worker_gap_s after its last one ended (an RQ worker's dequeue and the job's setup, which a job's
+measured `duration` leaves out; 0 by default and in `calibrate`'s output: bench/virtual.py validate
+fits it to a real run, whose workers on 2 shared cores spend 10-30 ms there per Pendulum job).
+With duration_spread s > 0 each job's duration is that times a lognormal factor of mean 1 and
+coefficient of variation s, drawn from the run's seed and the job's id (the same run again gives the
+same factors): real workers' durations spread (on 2 shared cores, by 0.25-0.65 of their mean).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ FIELDS = {
     "publish_latency_s": "seconds from a publication (μ version and its jobs, critic weights) until workers see it",
     "job_overhead_s": "seconds a job spends besides its steps (start, reads, the result's write)",
     "tell_s": "seconds of the scheduler's loop per result (its tell and its share of the commits)",
+    "worker_gap_s": "seconds a worker spends between two jobs, outside both (dequeue, set-up)",
+    "duration_spread": "coefficient of variation of a job's duration (a seeded lognormal factor; 0: exact)",
 }
 
 
@@ -53,6 +62,8 @@ class CostModel:
     job_overhead_s: float = 5e-3
     # the loop thread's 0.45-0.66 ms per ES result at 1,000 results/s (docs/scaling.md): ~1,550 results/s
     tell_s: float = 6.5e-4
+    worker_gap_s: float = 0.0
+    duration_spread: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -64,6 +75,19 @@ class CostModel:
 
     def job_seconds(self, env_steps: int, actor_steps: int) -> float:
         return self.job_overhead_s + self.env_step_s * env_steps + self.actor_step_s * actor_steps
+
+    def spread(self, seed: int, job: str) -> float:
+        """The factor of a job's duration: 1 without duration_spread, else lognormal with mean 1 and
+        coefficient of variation duration_spread, a function of the run's seed and the job's id."""
+        if self.duration_spread <= 0:
+            return 1.0
+        import zlib
+
+        import numpy as np
+
+        sigma = math.sqrt(math.log1p(self.duration_spread ** 2))
+        z = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(job.encode()), 47]).standard_normal()
+        return float(math.exp(sigma * z - sigma * sigma / 2))
 
     def chunk_seconds(self, learner_steps: int) -> float:
         """A critic chunk: its steps, then the publication of its weights."""

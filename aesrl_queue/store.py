@@ -750,3 +750,23 @@ def _fmt(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
+
+
+class VirtualJobs:
+    """The arguments of the jobs a virtual run dispatched (aesrl_queue/virtual.py), held in the commit's
+    MULTI/EXEC beside their `inflight` entries, so that a resumed virtual run runs again those that
+    had not reported. Apart from Store, which holds what every run has."""
+
+    def __init__(self, store: Store) -> None:
+        self.r, self.key = store.r, store.key("virtual_jobs")
+
+    def hold(self, kwargs: list[dict[str, Any]], pipe=None) -> None:
+        if kwargs:
+            (pipe or self.r).hset(self.key, mapping={k["job"]: codec.pack(k) for k in kwargs})
+
+    def all(self) -> dict[str, dict[str, Any]]:
+        return {_text(k): codec.unpack(v, what=f"virtual job {_text(k)}") for k, v in self.r.hgetall(self.key).items()}
+
+    def drop(self, jobs: list[str]) -> None:
+        if jobs:
+            self.r.hdel(self.key, *jobs)

@@ -20,11 +20,21 @@ things happen: a heap of virtual times instead of RQ workers and the wall clock.
   between draw on the last published version), the critic wait and its polls (every 50 ms while it waits for something, 500 ms while slots are free) run in virtual time.
   It tells one result at a time, tell_s each; a result that arrives meanwhile waits its turn.
 
-The run folder is an ordinary one (config.json, metrics.jsonl, policy.npz, summary.json) plus
-virtual.json: workers, cost model, virtual and wall seconds. In metrics.jsonl `t` and `elapsed` are
-virtual seconds since the start, `worker` is the virtual worker ("virtual-3") and `duration` the
-job's virtual duration, so that the same seed and cost model give the same file, byte for byte.
-A virtual run keeps no Redis data: it does not resume (run it again; it is the same run).
+The run folder is an ordinary one (config.json, metrics.jsonl, policy.npz, summary.json, the embedded
+Redis's AOF in redis/) plus virtual.json: workers, cost model, virtual and wall seconds, resumes. In
+metrics.jsonl `t` and `elapsed` are virtual seconds since the start, `worker` is the virtual worker
+("virtual-3") and `duration` the job's virtual duration, so that the same seed and cost model give
+the same file, byte for byte.
+
+It resumes as an ordinary run does (`run --resume FOLDER`, `load(folder).resume()`), from what its
+Redis holds: the optimizer's last commit, the results reported and not yet told (told first), the
+critic's last checkpoint (every CRITIC_CHECKPOINT_S virtual seconds) and the virtual clock (state
+`virtual_s`, written after every event). The jobs in flight at the stop, whose reports died with the
+process, run again from their dispatched arguments (kept beside their in-flight entries), as queued
+RQ jobs are taken again after a restart. What the process held and Redis does not (the event heap,
+the critic's chunk in progress, its optimizer steps since its checkpoint and its random stream) is
+not restored, so a resumed run continues the interrupted one but is not the uninterrupted run: the
+records up to the stop are the same, those after it differ.
 """
 
 from __future__ import annotations
@@ -35,8 +45,6 @@ import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -53,7 +61,7 @@ from aesrl_queue.local import write_run_folder
 from aesrl_queue.metrics import MetricsWriter
 from aesrl_queue.optimizers import QUEUE_ALGOS, needs_critic_daemon
 from aesrl_queue.redis_server import RedisServer
-from aesrl_queue.store import Store
+from aesrl_queue.store import Store, VirtualJobs
 from scheduler.loop import Scheduler
 
 log = logging.getLogger(__name__)
@@ -68,6 +76,8 @@ POLL_S = 0.5
 CRITIC_SEED_OFFSET = 7919
 # Events at one virtual time run in this order (then in the order they were made).
 ORDER = {"free": 0, "arrive": 1, "result": 2, "commit": 3, "poll": 4}
+# Virtual seconds between checkpoints of the critic (the daemon's default, in wall seconds, is the same).
+CRITIC_CHECKPOINT_S = 10.0
 
 
 class VirtualRunError(RuntimeError):
@@ -136,7 +146,9 @@ def run_held_job(client, kwargs: dict[str, Any]) -> HeldJob:
         result.update(worker=worker, duration=duration)
         if individual is not None:
             store.put_individual(result["job"], individual, ttl=ttl)
-        return fn(*args, **kw)
+        entry = fn(*args, **kw)
+        VirtualJobs(store).drop([held.job])  # reported: a resume does not run it again
+        return entry
 
     held.report = report
     return held
@@ -154,13 +166,16 @@ def forget_job_context(client, run_id: str) -> None:
 # -- the scheduler loop, on the virtual clock ---------------------------------------------------------------
 class _HeldQueue:
     """Stands in for one RQ queue of the dispatcher: the jobs the loop dispatches are handed to the
-    executor (their in-flight entries are written by the loop's commit, as always)."""
+    executor, and their arguments kept in Redis in the commit's transaction, beside the in-flight
+    entries the commit writes as always (a resume runs again those that never reported)."""
 
-    def __init__(self, kind: str, sink: list[tuple[str, dict[str, Any]]]) -> None:
-        self.kind, self.sink = kind, sink
+    def __init__(self, kind: str, sink: list[tuple[str, dict[str, Any]]], store: Store) -> None:
+        self.kind, self.sink, self.store = kind, sink, store
 
     def enqueue_many(self, datas, pipeline=None) -> list:
-        self.sink.extend((self.kind, dict(d.kwargs)) for d in datas)
+        kwargs = [dict(d.kwargs) for d in datas]
+        VirtualJobs(self.store).hold(kwargs, pipe=pipeline)
+        self.sink.extend((self.kind, k) for k in kwargs)
         return []
 
 
@@ -177,7 +192,7 @@ class VirtualScheduler(Scheduler):
 
     def setup(self) -> None:
         super().setup()
-        self.dispatch.queues = {kind: _HeldQueue(kind, self.dispatched) for kind in ("rl", "es")}
+        self.dispatch.queues = {kind: _HeldQueue(kind, self.dispatched, self.store) for kind in ("rl", "es")}
         self.dispatch.slots = lambda: self.slots
         self.breaker.limit = lambda target, inflight: target
         self.inflight.find_lost = lambda live_workers, every=1.0: []
@@ -192,7 +207,8 @@ class VirtualCritic:
     previous one is published (or, when the daemon waited for stored steps, when they arrive), trains
     at its start on the replay as of then, and is published cost.chunk_seconds(n) later."""
 
-    def __init__(self, client, cfg: RunConfig, cost: CostModel, on_publish: Callable[[float], Any]) -> None:
+    def __init__(self, client, cfg: RunConfig, cost: CostModel, on_publish: Callable[[float], Any],
+                 now: float = 0.0) -> None:
         import torch
 
         from workers.critic import CriticDaemon
@@ -203,8 +219,9 @@ class VirtualCritic:
             self.daemon = CriticDaemon(client, client, cfg.run_id, device="cpu", cuda_graph=False,
                                        checkpoint_every=math.inf)
             self.rng = torch.get_rng_state()  # the daemon's own stream of the global generator
-        self.daemon.restore()
-        self.free_at = 0.0  # when the learner may start its next chunk
+        self.daemon.restore()  # a resumed run's critic: its last checkpoint
+        self.free_at = now  # when the learner may start its next chunk
+        self.checkpointed_at = now
         self.held: tuple[float, dict[str, float]] | None = None  # (publication time, stats) of the chunk trained
 
     def advance(self, t: float) -> None:
@@ -220,6 +237,9 @@ class VirtualCritic:
                 # the daemon stamps its publication with the wall clock and its measured rate
                 d.store.set_state(critic_updated_at=at, critic_steps_per_s=self.cost.learner_steps_per_s)
                 self.free_at = at
+                if at - self.checkpointed_at >= CRITIC_CHECKPOINT_S:
+                    d.checkpoint()  # for a resume; it changes nothing in this run
+                    self.checkpointed_at = at
                 self.on_publish(at)
             d.sync()
             if cfg.critic_on_request:
@@ -246,22 +266,60 @@ class VirtualCritic:
 # -- metrics in virtual time --------------------------------------------------------------------------------
 class VirtualMetrics(MetricsWriter):
     """metrics.jsonl with `t` and `elapsed` in virtual seconds: the executor sets `now` before each poll
-    (after every event, and at every critic publication)."""
+    (after every event, and at every critic publication).
+
+    A resumed run keeps the file's complete records (their virtual times are nowhere else) and writes
+    after them: `kept(path)` reads how many updates and which critic version the file holds, and the
+    records that Redis gives again for those are not written twice."""
 
     now = 0.0
+    kept_updates = 0
+    kept_critic = 0
+    _updates = 0
+    _quiet = False
+
+    def keep(self, kept_updates: int, kept_critic: int) -> None:
+        self.kept_updates, self.kept_critic = kept_updates, kept_critic
+
+    @staticmethod
+    def kept(path: Path) -> tuple[int, int]:
+        """Cut the file after its last complete record; (update records, last critic version) in it."""
+        if not path.is_file():
+            return 0, 0
+        text = path.read_text()
+        if not text.endswith("\n"):
+            text = text[:text.rfind("\n") + 1]
+            path.write_text(text)
+        updates = critic = 0
+        for line in text.splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "update":
+                updates += 1
+            elif rec.get("type") == "critic":
+                critic = max(critic, int(rec.get("critic_version") or 0))
+        return updates, critic
 
     def _write(self, rec: dict[str, Any]) -> None:
+        kind = rec.get("type")
+        if kind == "update":
+            self._updates += 1
+            self._quiet = self._updates <= self.kept_updates
+        if (self._quiet and kind in ("update", "mu_eval")) or (
+                kind == "critic" and int(rec.get("critic_version") or 0) <= self.kept_critic):
+            return  # in the file already
         rec["t"] = rec["elapsed"] = round(self.now, 6)
         super()._write(rec)
 
 
 # -- the executor -----------------------------------------------------------------------------------------
 class VirtualRun:
-    """One virtual run: `run()` runs it to its budget and writes the run folder; returns the summary."""
+    """One virtual run: `run()` runs it to its budget and writes the run folder; returns the summary.
+    `VirtualRun.resumed(folder)` is the run of a virtual run folder, to continue it."""
 
     def __init__(self, cfg: RunConfig, workers: int, cost: CostModel | None = None, out_dir: str | os.PathLike = "runs",
                  run_dir: str | os.PathLike | None = None, say: Callable[[str], Any] = log.info,
-                 progress_every: float = 10.0) -> None:
+                 progress_every: float = 10.0, resume: Callable[[Store], tuple[RunConfig, list[str]]] | None = None,
+                 facts: dict[str, Any] | None = None) -> None:
         if algorithm(cfg.algo).executor != "queue":
             raise ConfigError("algo", f"{cfg.algo} trains in one process without workers; --virtual-workers "
                                       f"applies to {', '.join(QUEUE_ALGOS)}")
@@ -277,6 +335,28 @@ class VirtualRun:
         self.metrics: VirtualMetrics | None = None
         self.summary: dict[str, Any] | None = None
         self.events = 0
+        # a resume: `resume(store) -> (cfg, notes)` checks the stored run (raises to refuse); `facts` are
+        # the folder's virtual.json
+        self.resume, self.facts = resume, dict(facts or {})
+        self._started = False
+
+    @classmethod
+    def resumed(cls, run_dir: str | os.PathLike, resume: Callable[[Store], tuple[RunConfig, list[str]]] | None = None,
+                say: Callable[[str], Any] = log.info) -> VirtualRun:
+        """The run of a virtual run folder (its virtual.json: workers and cost model; its config.json), to
+        continue with `run()`; `resume(store)` may change the budget. VirtualRunError if it is none."""
+        run_dir = Path(run_dir)
+        try:
+            facts = json.loads((run_dir / VIRTUAL_FILE).read_text())
+            cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+        except (OSError, ValueError) as exc:
+            raise VirtualRunError(f"{run_dir} is not a virtual run folder: {exc}") from None
+        if not (run_dir / "redis").is_dir():
+            raise VirtualRunError(f"{run_dir} keeps no Redis data (redis/): a virtual run of an earlier version "
+                                  "does not resume; run it again with a larger --steps (the same seed and cost "
+                                  "model give the same run)")
+        return cls(cfg, int(facts["workers"]), CostModel.from_dict(facts["cost_model"]), run_dir=run_dir, say=say,
+                   resume=resume or (lambda store: (store.config(), [])), facts=facts)
 
     # -- events --
     def _push(self, t: float, kind: str, payload: Any = None) -> None:
@@ -289,10 +369,12 @@ class VirtualRun:
         import torch
 
         cfg = self.cfg
+        data = self.run_dir / "redis"
+        if self.resume is None and data.exists():
+            raise VirtualRunError(f"{self.run_dir} holds a run's Redis data already: resume it "
+                                  f"(run --resume {self.run_dir}) or delete the folder")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=json_default))
-        data = tempfile.mkdtemp(prefix="aesrl-virtual-")
-        server = RedisServer(directory=data).start()
+        server = RedisServer(directory=data, appendonly=True).start()
         client = connect(server.url)
         threads = torch.get_num_threads()
         # one thread, as every worker process has (OMP_NUM_THREADS=1): the same kernels, the same bits
@@ -309,43 +391,84 @@ class VirtualRun:
                 if self.metrics is not None:
                     self.metrics.now = self.now
                     self.metrics.close()
-                store = Store(client, cfg.run_id)
-                if store.exists():
+                store = Store(client, self.cfg.run_id)
+                if self._started and store.exists():  # not a resume refused before it read its clock
                     if store.status() in ("running", "draining"):
                         store.set_state(status="stopped", updated_at=time.time())
                     summary = write_run_folder(self.run_dir, store)
                     self.summary = self._record(summary, time.monotonic() - wall0)
             finally:
                 client.close()
-                server.cleanup()
-                shutil.rmtree(data, ignore_errors=True)
+                server.stop()
         return self.summary or {"status": status}
 
+    def _write_facts(self, **more: Any) -> dict[str, Any]:
+        """virtual.json: what makes the folder a virtual run (written at the start, so that a stopped run
+        resumes with its workers and cost model, and again at the end)."""
+        facts = {"virtual": True, "workers": self.workers, "slots": self._slots, "cost_model": self.cost.to_dict(),
+                 "virtual_s": round(self.now, 6), "wall_s": self.facts.get("wall_s", 0.0),
+                 "events": self.facts.get("events", 0), "resumes": self.facts.get("resumes", []),
+                 "time": "t and elapsed in metrics.jsonl are virtual seconds since the start", **more}
+        path = self.run_dir / VIRTUAL_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(facts, indent=2) + "\n")
+        os.replace(tmp, path)
+        return facts
+
     def _record(self, summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
-        """virtual.json, and the virtual facts in summary.json (elapsed_s in virtual seconds)."""
-        facts = {"virtual": True, "workers": self.workers, "slots": self._slots,
-                 "cost_model": self.cost.to_dict(), "virtual_s": round(self.now, 6), "wall_s": round(wall_s, 1),
-                 "events": self.events, "time": "t and elapsed in metrics.jsonl are virtual seconds since the start"}
-        (self.run_dir / VIRTUAL_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+        """virtual.json, and the virtual facts in summary.json (elapsed_s in virtual seconds); wall seconds
+        and events add up over a run's incarnations."""
+        facts = self._write_facts(wall_s=round(self.facts.get("wall_s", 0.0) + wall_s, 1),
+                                  events=self.facts.get("events", 0) + self.events)
         summary = {**summary, "elapsed_s": round(self.now, 1), "virtual": facts}
         path = self.run_dir / "summary.json"
         path.write_text(json.dumps(summary, indent=2, default=json_default))
         return summary
 
+    def _start(self, client, store: Store) -> None:
+        """A new run: its config; a resume: the stored run checked, its budget, its virtual clock."""
+        cfg = self.cfg
+        if self.resume is None:
+            if not store.write_config(cfg):
+                raise VirtualRunError(f"run {cfg.run_id} already exists in the virtual run's Redis")
+        else:
+            if not store.exists():
+                raise VirtualRunError(f"the Redis data in {self.run_dir / 'redis'} holds no run {cfg.run_id!r}")
+            cfg, notes = self.resume(store)
+            for note in notes:
+                self.say(f"resume: {note}")
+            if cfg.total_steps != store.config().total_steps:
+                store.replace_config(cfg)
+            self.cfg = cfg
+            st = store.state()
+            self.now = float(st.get("virtual_s") or 0.0)
+            store.set_state(finished_at=None)
+            self.facts["resumes"] = [*self.facts.get("resumes", []), {
+                "virtual_s": round(self.now, 6), "steps": int(st.get("steps", 0)), "total_steps": cfg.total_steps,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+            self.say(f"resuming virtual run {cfg.run_id} at virtual {self.now:,.3f} s, {st.get('steps', 0):,} of "
+                     f"{cfg.total_steps:,} steps")
+        (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2, default=json_default))
+        self._write_facts()
+        self._started = True
+
     def _run(self, client) -> str:
+        store = Store(client, self.cfg.run_id)
+        self._start(client, store)
         cfg, cost = self.cfg, self.cost
-        store = Store(client, cfg.run_id)
-        if not store.write_config(cfg):
-            raise VirtualRunError(f"run {cfg.run_id} already exists in the virtual run's Redis")
         sched = VirtualScheduler(client, cfg, self._clock, self._slots)
         sched.setup()
-        self.metrics = metrics = VirtualMetrics(client, cfg.run_id, self.run_dir / "metrics.jsonl")
+        path = self.run_dir / "metrics.jsonl"
+        kept = VirtualMetrics.kept(path) if self.resume is not None else (0, 0)
+        self.metrics = metrics = VirtualMetrics(client, cfg.run_id, path, append=self.resume is not None)
+        metrics.keep(*kept)
+        metrics.now = self.now
 
         def published(at: float) -> None:
             metrics.now = at
             metrics.poll()
 
-        critic = VirtualCritic(client, cfg, cost, published) if needs_critic_daemon(cfg) else None
+        critic = VirtualCritic(client, cfg, cost, published, now=self.now) if needs_critic_daemon(cfg) else None
         self._heap: list = []
         self._seq = itertools.count()
         free = list(range(self.workers))  # idle virtual workers (lowest first)
@@ -353,7 +476,7 @@ class VirtualRun:
         commits: set[float] = set()  # times of the publication wake-ups in the heap
         poll_at: list[float | None] = [None]  # the poll event in the heap (one at a time)
         draining = False
-        busy_until = 0.0  # the scheduler tells one result at a time, tell_s each
+        busy_until = self.now  # the scheduler tells one result at a time, tell_s each
         failures = 0
         said = time.monotonic()
 
@@ -368,11 +491,27 @@ class VirtualRun:
                 slot = heapq.heappop(free)
                 held = run_held_job(client, kwargs)
                 seconds = cost.job_seconds(held.env_steps, max(1, held.rl_steps) if held.kind == "rl" else 0)
-                self._push(self.now + seconds, "free", slot)
+                seconds *= cost.spread(cfg.seed, held.job)
+                self._push(self.now + seconds + cost.worker_gap_s, "free", slot)
                 self._push(self.now + seconds + cost.result_latency_s, "result", (held, slot, seconds))
 
-        sched.apply([], refill=True)  # the first jobs
+        if self.resume is not None:
+            # what was reported and not yet told is told first (as a restarted loop reads from
+            # last_result_id); the jobs still in flight never reported: they run again, in dispatch order
+            while batch := sched.results.read(sched.last_id, None):
+                sched.apply(batch, refill=False)
+            held = VirtualJobs(store).all()
+            VirtualJobs(store).drop([job for job in held if job not in sched.inflight])
+            lost = [job for job in sched.inflight if job not in held]
+            if lost:
+                raise VirtualRunError(f"jobs in flight without their arguments, which cannot run again: {lost[:5]}")
+            for job in sorted(sched.inflight, key=lambda j: int(sched.inflight[j]["n"])):
+                self._push(self.now + cost.publish_latency_s, "arrive", (held[job]["kind"], held[job]))
+            if sched.inflight:
+                self.say(f"resume: {len(sched.inflight)} jobs in flight at the stop run again")
+        sched.apply([], refill=True)  # the first jobs (a resume's: for the free slots)
         dispatched()
+        saved_at = None  # the virtual time last written to Redis
         while True:
             if sched.opt.version != sched.published and sched._next_publish() not in commits:
                 # a new version waits for its publication slot: the loop wakes then, as the real one does
@@ -415,6 +554,9 @@ class VirtualRun:
             dispatched()
             metrics.now = t
             metrics.poll()
+            if t != saved_at:  # the virtual clock, for a resume
+                store.set_state(virtual_s=repr(t))
+                saved_at = t
             if not draining and sched.opt.done(sched._counters()["steps"]):
                 draining = True
                 store.set_state(status="draining")

@@ -12,15 +12,32 @@ issue asks of it, read off the cell's metrics.jsonl (`aesrl-queue plot` draws th
 Not here yet: the parallel TD3 cells (N environment workers feeding one learner at the learner's rate),
 which are no queue algorithm, and the results file and plot of docs/scaling.md.
 
-    python bench/virtual.py --envs HalfCheetah-v5,Walker2d-v5 --algos aesrl,pcemrl --workers 2,16,128,1024 \\
+    python bench/virtual.py measure --envs HalfCheetah-v5,Walker2d-v5 --algos aesrl,pcemrl --workers 2,16,128,1024 \\
         --seeds 1,2 --steps 100000 --cost-model cost-model.json [--jobs 2] [--runs DIR] [--out FILE]
+
+`validate` (issue 47, item 2): the same configs run by real worker processes (`aesrl-queue run --workers
+N`) and by the virtual executor (`run --virtual-workers N`), one after the other, and a table of the
+staleness (`lag`, versions μ moved between an individual's ask and its tell, non-random results) of
+each: quantiles, a histogram, the two-sample Kolmogorov-Smirnov statistic D against the real run, and
+the final f(μ)~. Three cost models: `calibrated`, the file `aesrl-queue calibrate` wrote (one core per
+worker: what the workers would take on an idle machine with a core each); `fitted`, that model scaled
+to the real run (its median ES and RL job durations and its critic's measured rate, i.e. this machine
+as loaded by those N workers on its cores); `fitted-gap`, `fitted` with the workers' time between jobs
+(worker_gap_s) of the real `es` run at the same N:
+
+    python bench/virtual.py validate --env Pendulum-v1 --algos aesrl,es --workers 2,8 --seeds 1 \\
+        --steps 30000 --cost-model bench/results/cost-model-pendulum.json [--reuse]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
+import math
+import shutil
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -69,33 +86,22 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
     run_id = f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
     cfg = RunConfig.from_preset(cell["env"], algo=cell["algo"], seed=cell["seed"], run_id=run_id,
-                                total_steps=cell["steps"]).resolve()
+                                total_steps=cell["steps"], **cell.get("settings", {})).resolve()
     t0 = time.monotonic()
+    shutil.rmtree(Path(cell["runs"]) / run_id, ignore_errors=True)  # a cell run again starts over
     run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
     summary = run.run()
-    return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps")}, "run_dir": str(run.run_dir),
+    return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "settings", "cost_model")},
+            "run_dir": str(run.run_dir),
             "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
             "wall_s": round(time.monotonic() - t0, 1),
             **score(read_metrics(run.run_dir), cell["interactions"], cell["thresholds"])}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--envs", default="HalfCheetah-v5,Walker2d-v5")
-    ap.add_argument("--algos", default="aesrl,pcemrl")
-    ap.add_argument("--workers", default="2,16,128,1024")
-    ap.add_argument("--seeds", default="1,2", help="development seeds only")
-    ap.add_argument("--steps", type=int, default=100_000, help="budget of stored steps per cell")
-    ap.add_argument("--interactions", type=int, default=100_000, help="where f(μ)~ is read")
-    ap.add_argument("--thresholds", default="1000,2000,3000", help="f(μ)~ levels timed in virtual seconds")
-    ap.add_argument("--cost-model", default=None, help="a cost-model file (default: nominal durations)")
-    ap.add_argument("--jobs", type=int, default=1, help="cells at once, each in its own process")
-    ap.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")
-    ap.add_argument("--out", default="bench/results/virtual.jsonl")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> None:
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
-              "cost_model": args.cost_model, "runs": args.runs}
+              "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set)}
              for env, algo, n, seed in itertools.product(args.envs.split(","), args.algos.split(","),
                                                           args.workers.split(","), args.seeds.split(","))]
     out = Path(args.out)
@@ -105,6 +111,251 @@ def main() -> None:
             fh.write(json.dumps(line) + "\n")
             fh.flush()
             print(json.dumps(line), flush=True)
+
+
+# -- validate: real worker processes against the virtual executor ----------------------------------------
+VARIANTS = ("real", "calibrated", "fitted", "fitted-gap", "fitted-spread")
+LAG_BINS = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 7), (8, 15), (16, 31), (32, None))
+
+
+def lags_of(metrics: list[dict[str, Any]]) -> list[int]:
+    """The staleness of every result told after the random phase, in told order."""
+    return [int(u["lag"]) for u in metrics
+            if u.get("type") == "update" and not u.get("random") and isinstance(u.get("lag"), int)]
+
+
+def quantiles(values: list[int], ps=(0.1, 0.25, 0.5, 0.75, 0.9, 0.99)) -> dict[str, int | None]:
+    v = sorted(values)
+    return {f"p{round(p * 100)}": (v[min(len(v) - 1, int(p * len(v)))] if v else None) for p in ps}
+
+
+def histogram(values: list[int]) -> dict[str, float]:
+    """The share of results in each lag bin."""
+    out = {}
+    for lo, hi in LAG_BINS:
+        name = f"{lo}" if hi == lo else (f"{lo}+" if hi is None else f"{lo}-{hi}")
+        out[name] = round(sum(lo <= x and (hi is None or x <= hi) for x in values) / len(values), 3) if values else 0.0
+    return out
+
+
+def ks(a: list[int], b: list[int]) -> tuple[float, float]:
+    """The two-sample Kolmogorov-Smirnov statistic D = max |F_a - F_b| and its asymptotic p-value (for
+    integer lags, with ties, the p-value is conservative)."""
+    if not a or not b:
+        return math.nan, math.nan
+    sa, sb = sorted(a), sorted(b)
+    d, i, j = 0.0, 0, 0
+    for x in sorted(set(sa) | set(sb)):
+        while i < len(sa) and sa[i] <= x:
+            i += 1
+        while j < len(sb) and sb[j] <= x:
+            j += 1
+        d = max(d, abs(i / len(sa) - j / len(sb)))
+    en = math.sqrt(len(sa) * len(sb) / (len(sa) + len(sb)))
+    lam = (en + 0.12 + 0.11 / en) * d
+    p = 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * lam * lam) for k in range(1, 101)) if lam > 0 else 1.0
+    return round(d, 4), round(min(1.0, max(0.0, p)), 4)
+
+
+def final_f_mu(metrics: list[dict[str, Any]]) -> float | None:
+    f = [float(u["f_mu"]) for u in metrics if u.get("type") == "update" and isinstance(u.get("f_mu"), int | float)]
+    return round(sum(f[-WINDOW:]) / len(f[-WINDOW:]), 1) if f else None
+
+
+def median(values: list[float]) -> float | None:
+    v = sorted(values)
+    return v[len(v) // 2] if v else None
+
+
+def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict[str, Any]]):
+    """The calibrated model scaled to the real run: each kind of job's durations by the ratio of the real
+    run's median duration to the calibrated virtual run's (the same jobs, the same steps), the learner
+    at the real critic's median measured rate."""
+
+    def durations(metrics, kind):
+        return [float(u["duration"]) for u in metrics if u.get("type") == "update" and u.get("kind") == kind
+                and not u.get("random") and isinstance(u.get("duration"), int | float)]
+
+    def ratio(kind):
+        r, v = median(durations(real, kind)), median(durations(virtual, kind))
+        return r / v if r and v else None
+
+    k_es, k_rl = ratio("es"), ratio("rl")
+    k_es = k_es or 1.0
+    rates = [float(r["critic_steps_per_s"]) for r in real if r.get("type") == "critic"
+             and isinstance(r.get("critic_steps_per_s"), int | float) and r["critic_steps_per_s"] > 0]
+    changes = {"env_step_s": calibrated.env_step_s * k_es, "job_overhead_s": calibrated.job_overhead_s * k_es}
+    if k_rl:
+        # an RL job's duration: its episodes at the ES rate, and its actor steps scaled to match
+        changes["actor_step_s"] = calibrated.actor_step_s * k_rl
+    if rates:
+        changes["learner_steps_per_s"] = median(rates)
+    return dataclasses.replace(calibrated, **changes), {"k_es": k_es, "k_rl": k_rl, "critic_rate": median(rates)}
+
+
+def duration_spread(metrics: list[dict[str, Any]]) -> float:
+    """The coefficient of variation of a real run's job durations (after the random phase), the mean of
+    its job kinds' weighted by their results."""
+    total, n = 0.0, 0
+    for kind in ("es", "rl"):
+        d = [float(u["duration"]) for u in metrics if u.get("type") == "update" and u.get("kind") == kind
+             and not u.get("random") and isinstance(u.get("duration"), int | float)]
+        if len(d) > 2:
+            mean = sum(d) / len(d)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+            total, n = total + len(d) * sd / mean, n + len(d)
+    return total / n if n else 0.0
+
+
+def worker_gap(metrics: list[dict[str, Any]], workers: int) -> float:
+    """A real run's time per job of a worker outside the job's measured duration: the mean cycle of a
+    worker (workers × the span of the results after the random phase / their number) less the mean
+    duration. Read off an `es` run (an aesrl run's workers also wait for its critic)."""
+    ups = [u for u in metrics if u.get("type") == "update" and not u.get("random")
+           and isinstance(u.get("duration"), int | float)]
+    if len(ups) < 2:
+        return 0.0
+    cycle = workers * (ups[-1]["t"] - ups[0]["t"]) / (len(ups) - 1)
+    return max(0.0, cycle - sum(u["duration"] for u in ups) / len(ups))
+
+
+def _cli(args: list[str], log_path: Path) -> float:
+    """Run `aesrl-queue ARGS` in a new process (its output to log_path); the wall seconds it took."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "w") as fh:
+        code = subprocess.call([sys.executable, "-m", "cli.main", *args], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    if code != 0:
+        raise SystemExit(f"aesrl-queue {' '.join(args)} exited with {code}; see {log_path}")
+    return round(time.monotonic() - t0, 1)
+
+
+def _run_wall_s(folder: Path) -> float | None:
+    try:
+        if (folder / "virtual.json").is_file():
+            return json.loads((folder / "virtual.json").read_text()).get("wall_s")
+        return json.loads((folder / "summary.json").read_text()).get("elapsed_s")
+    except (OSError, ValueError):
+        return None
+
+
+def _finished(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "summary.json").read_text()).get("status") == "finished"
+    except (OSError, ValueError):
+        return False
+
+
+def validate(args: argparse.Namespace) -> None:
+    from aesrl_queue.cost_model import CostModel
+    from aesrl_queue.metrics import read_metrics
+
+    runs, cost_path = Path(args.runs), Path(args.cost_model)
+    if not cost_path.is_file():
+        print(f"calibrating: aesrl-queue calibrate --env {args.env} --algo aesrl --out {cost_path}", flush=True)
+        _cli(["calibrate", "--env", args.env, "--algo", "aesrl", "--out", str(cost_path)], runs / "calibrate.log")
+    calibrated = CostModel.load(cost_path)
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.is_file() and args.reuse else {"cells": []}
+    results.setdefault("commands", [])
+    results["commands"].append(" ".join(["python", *sys.argv]))
+    results.update(cost_model=str(cost_path), calibrated=calibrated.to_dict())
+
+    def save():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+
+    for algo, n, seed in itertools.product(args.algos.split(","), [int(x) for x in args.workers.split(",")],
+                                           [int(x) for x in args.seeds.split(",")]):
+        common = ["--env", args.env, "--algo", algo, "--steps", str(args.steps), "--seed", str(seed), "--out",
+                  str(runs)]
+        name = f"val-{args.env.split('-')[0].lower()}-{algo}-n{n}-s{seed}"
+        cells = {}
+        for variant in [v for v in VARIANTS if v in args.variants.split(",")]:
+            folder = runs / f"{name}-{variant}"
+            if variant == "real":
+                extra = ["--workers", str(n), "--snapshot-every", "0"]
+            else:
+                if variant.startswith("fitted"):
+                    model, fit = fitted_cost_model(calibrated, cells["real"], cells["calibrated"])
+                    if variant in ("fitted-gap", "fitted-spread"):  # and the workers' time between jobs, of the real es run at N
+                        es_real = runs / f"val-{args.env.split('-')[0].lower()}-es-n{n}-s{seed}-real"
+                        source = read_metrics(es_real) if _finished(es_real) else cells["real"]
+                        fit = {**fit, "worker_gap_s": worker_gap(source, n), "gap_from": str(es_real.name
+                                                                                       if _finished(es_real) else name)}
+                        model = dataclasses.replace(model, worker_gap_s=fit["worker_gap_s"])
+                    if variant == "fitted-spread":  # and the spread of the real run's job durations
+                        fit["duration_spread"] = duration_spread(cells["real"])
+                        model = dataclasses.replace(model, duration_spread=fit["duration_spread"])
+                    path = runs / f"{name}-{variant}-cost.json"
+                    model.save(path, notes=fit)
+                else:
+                    path, fit = cost_path, None
+                extra = ["--virtual-workers", str(n), "--cost-model", str(path)]
+            wall, command = None, f"aesrl-queue run {' '.join(common + extra)} --run-id {folder.name}"
+            if not (args.reuse and _finished(folder)):
+                print(f"{variant}: {command}", flush=True)
+                wall = _cli(["run", *common, *extra, "--run-id", folder.name, "--force"], runs / f"{folder.name}.log")
+            if wall is None:  # reused: the run's own wall seconds (a real run's elapsed_s; virtual.json's wall_s)
+                wall = _run_wall_s(folder)
+            metrics = read_metrics(folder)
+            cells[variant] = metrics
+            lags = lags_of(metrics)
+            cell = {"algo": algo, "workers": n, "seed": seed, "variant": variant, "run_dir": str(folder),
+                    "command": command, "wall_s": wall, "results": len(lags), "lag_mean": round(sum(lags) / len(lags), 2) if lags else None,
+                    **quantiles(lags), "hist": histogram(lags), "final_f_mu": final_f_mu(metrics)}
+            if variant != "real":
+                cell["ks_d"], cell["ks_p"] = ks(lags, lags_of(cells["real"]))
+                cell["fit"] = fit
+                cell["cost_model"] = CostModel.load(path).to_dict()
+            results["cells"] = [c for c in results["cells"] if (c["algo"], c["workers"], c["seed"], c["variant"])
+                                != (algo, n, seed, variant)] + [cell]
+            save()
+            print(json.dumps(cell), flush=True)
+    print_table(results)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    cols = ("algo", "workers", "seed", "variant", "results", "lag_mean", "p10", "p50", "p90", "p99", "ks_d", "ks_p",
+            "final_f_mu", "wall_s")
+    print("| " + " | ".join(cols) + " | histogram (share of results per lag) |")
+    print("|" + "---|" * (len(cols) + 1))
+    for c in results["cells"]:
+        hist = " ".join(f"{k}:{v:.2f}" for k, v in c["hist"].items() if v)
+        print("| " + " | ".join("" if c.get(k) is None else str(c.get(k)) for k in cols) + f" | {hist} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    m = sub.add_parser("measure", help="the grid of virtual runs (item 3)")
+    m.add_argument("--envs", default="HalfCheetah-v5,Walker2d-v5")
+    m.add_argument("--algos", default="aesrl,pcemrl")
+    m.add_argument("--workers", default="2,16,128,1024")
+    m.add_argument("--seeds", default="1,2", help="development seeds only")
+    m.add_argument("--steps", type=int, default=100_000, help="budget of stored steps per cell")
+    m.add_argument("--interactions", type=int, default=100_000, help="where f(μ)~ is read")
+    m.add_argument("--thresholds", default="1000,2000,3000", help="f(μ)~ levels timed in virtual seconds")
+    m.add_argument("--cost-model", default=None, help="a cost-model file (default: nominal durations)")
+    m.add_argument("--set", default="{}", help='config fields for every cell, as JSON: \'{"critic_hidden": [64, 64]}\'')
+    m.add_argument("--jobs", type=int, default=1, help="cells at once, each in its own process")
+    m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")
+    m.add_argument("--out", default="bench/results/virtual.jsonl")
+    v = sub.add_parser("validate", help="real worker processes against the virtual executor (item 2)")
+    v.add_argument("--env", default="Pendulum-v1")
+    v.add_argument("--algos", default="aesrl,es")
+    v.add_argument("--workers", default="2,8")
+    v.add_argument("--seeds", default="1", help="development seeds only")
+    v.add_argument("--steps", type=int, default=30_000)
+    v.add_argument("--cost-model", default="bench/results/cost-model-pendulum.json",
+                   help="the calibrated model (`aesrl-queue calibrate` writes it here first when missing)")
+    v.add_argument("--variants", default=",".join(VARIANTS),
+                   help="which of real, calibrated, fitted, fitted-gap (the fitted ones need real and calibrated)")
+    v.add_argument("--runs", default="runs/validate")
+    v.add_argument("--reuse", action="store_true", help="keep finished run folders and the results file's cells")
+    v.add_argument("--out", default="bench/results/virtual-validate.json")
+    args = ap.parse_args()
+    (measure if args.mode == "measure" else validate)(args)
 
 
 if __name__ == "__main__":

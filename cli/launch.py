@@ -331,3 +331,41 @@ def launch_virtual(cfg: RunConfig, workers: int, cost_model: str | None, out_dir
         echo(f"  virtual          {workers} workers, {v['virtual_s']:,.1f} s of virtual time in {v['wall_s']:,.1f} s "
              f"({run.run_dir / 'virtual.json'})")
     return code
+
+
+def launch_virtual_resume(run_dir: Path, given: dict) -> int:
+    """`run --resume FOLDER` of a virtual run folder: the run continued in virtual time in this process,
+    with the workers and cost model of its virtual.json; options as for any resume (--steps raises the
+    budget, others must restate the run's). The exit code."""
+    from aesrl_queue.virtual import VirtualRun, VirtualRunError
+    from cli.resume import ResumeError, check_resume
+
+    def check(store):
+        try:
+            return check_resume(store.config(), given, store.state()["steps"])
+        except ResumeError as exc:
+            raise VirtualRunError(f"resume: {exc}") from None
+
+    try:
+        run = VirtualRun.resumed(run_dir, resume=check, say=lambda message: echo(message, err=True))
+    except VirtualRunError as exc:
+        echo(f"error: {exc}", err=True)
+        return 2
+    echo(f"run {run.cfg.run_id}: resuming a virtual run, {run.workers} virtual workers ({run_dir / 'virtual.json'})",
+         err=True)
+    code, outcome = 0, ""
+    try:
+        run.run()
+    except KeyboardInterrupt:
+        code, outcome = 130, "interrupted"
+    except VirtualRunError as exc:
+        if run.metrics is None:  # refused before it ran
+            echo(f"error: {exc}", err=True)
+            return 2
+        code, outcome = 1, f"stopped: {exc}"
+    if run.summary is not None and "steps" in run.summary:
+        _print_summary(run.cfg, run.summary, run.run_dir, run.metrics, outcome)
+        v = run.summary["virtual"]
+        echo(f"  virtual          {run.workers} workers, {v['virtual_s']:,.1f} s of virtual time, {v['wall_s']:,.1f} s "
+             f"of wall time over {1 + len(v['resumes'])} incarnations ({run.run_dir / 'virtual.json'})")
+    return code

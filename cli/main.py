@@ -743,8 +743,16 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
     if resume:
         run_dir = Path(resume) if Path(resume).is_dir() else Path(out_dir) / resume
         if (run_dir / "virtual.json").is_file():
-            fail(f"resume: {run_dir} is a virtual run, which keeps no Redis data: run it again with a larger "
-                 "--steps (the same seed and cost model give the same run)")
+            clash = [name for name, value in (("--redis-url", redis_url), ("--workers", n_workers),
+                                              ("--no-critic", no_critic), ("--tensorboard", tensorboard_dir),
+                                              ("--wandb-project", wandb_project), ("--snapshot-steps", snapshot_steps),
+                                              ("--snapshot-interactions", snapshot_interactions)) if value]
+            if clash:
+                fail(f"resume: {run_dir} is a virtual run (its workers and cost model in virtual.json); "
+                     f"drop {', '.join(clash)}")
+            from cli.launch import launch_virtual_resume
+
+            sys.exit(launch_virtual_resume(run_dir, given_options(env_id, config_file, kw)))
         if redis_url is None and not (run_dir / "redis").is_dir():
             fail(f"resume: {run_dir} is not a run folder with its Redis data (redis/); "
                  "`aesrl-queue run` writes one, `run --redis-url` keeps the run in that Redis instead")

