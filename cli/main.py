@@ -59,19 +59,24 @@ def _connect(url: str | None, blocking: bool = False, hint: str | None = None):
     nothing (the error line says it all); the client returned then retries with backoff, and logs
     outages, like every other one.
     """
+    try:
+        return _reach(url, blocking, hint)
+    except RedisUnavailable as exc:
+        fail(str(exc))
+
+
+def _reach(url: str | None, blocking: bool = False, hint: str | None = None):
+    """_connect's client, or RedisUnavailable (one line) for the caller to report."""
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
+    probe = connect(url, retries=1, check=False, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1))
     try:
-        probe = connect(url, retries=1, check=False, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1))
-        try:
-            ping(probe, resolve_url(url), **({"hint": hint} if hint else {}))
-            warn_if_open(probe, resolve_url(url))
-        finally:
-            probe.close()
-        return connect(url, blocking=blocking, check=False)
-    except RedisUnavailable as exc:
-        fail(str(exc))
+        ping(probe, resolve_url(url), **({"hint": hint} if hint else {}))
+        warn_if_open(probe, resolve_url(url))
+    finally:
+        probe.close()
+    return connect(url, blocking=blocking, check=False)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -570,23 +575,41 @@ def _status(redis_url, run, watch, until_done, interval, as_json) -> None:
 
 
 @cli.command()
-@click.option("--redis-url", envvar=ENV_URL, default=None, help=URL_HELP)
-def runs(redis_url) -> None:
-    """List the runs on a Redis with their status, steps and f(μ)."""
+@click.option("--redis-url", "redis_urls", envvar=ENV_URL, multiple=True,
+              help=URL_HELP + " Repeat it (or list the URLs in the variable, space-separated) for a lab with several "
+                              "primaries: one table with the primary of each run, and a line for one that does not answer.")
+def runs(redis_urls) -> None:
+    """List the runs on a Redis (or on several primaries) with their status, steps and f(μ)."""
     from aesrl_queue.store import Store, list_runs
 
-    client = _connect(redis_url)
-    rows = list_runs(client)
+    urls = list(redis_urls) or [None]
+    several = len(urls) > 1
+    rows, down = [], []
+    for url in urls:
+        if several:
+            try:
+                client = _reach(url)
+            except RedisUnavailable as exc:  # the others are still listed
+                down.append(str(exc).splitlines()[0])
+                continue
+        else:
+            client = _connect(url)
+        for run_id, created in list_runs(client):
+            rows.append((redact(resolve_url(url)), run_id, created, Store(client, run_id).state()))
     if not rows:
         click.echo("no runs")
-        return
-    click.echo(f"{'run':48} {'status':9} {'steps':>10} {'f(μ)':>10}  created")
-    for run_id, created in rows:
-        st = Store(client, run_id).state()
-        f_mu = st.get("f_mu", math.nan)
-        click.echo(f"{run_id:48} {st.get('status', '?'):9} {st['steps']:>10,} "
-                   f"{(format(f_mu, '.1f') if math.isfinite(f_mu) else '-'):>10}  "
-                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(created))}")
+    else:
+        where = f"{'primary':32} " if several else ""
+        click.echo(f"{where}{'run':48} {'status':9} {'steps':>10} {'f(μ)':>10}  created")
+        for primary, run_id, created, st in rows:
+            f_mu = st.get("f_mu", math.nan)
+            click.echo(f"{(f'{primary:32} ' if several else '')}{run_id:48} {st.get('status', '?'):9} {st['steps']:>10,} "
+                       f"{(format(f_mu, '.1f') if math.isfinite(f_mu) else '-'):>10}  "
+                       f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(created))}")
+    for line in down:
+        click.echo(f"problem: {line}", err=True)
+    if down:
+        raise SystemExit(1)
 
 
 # -- config: the resolved settings of a run, as a file to edit ------------------------------------------

@@ -208,3 +208,39 @@ def test_critic_start_names_a_missing_run_and_the_runs_there_at_once(redis_url, 
     out = aq("critic", "start", "--redis-url", redis_url, "--run", "cheetah-l", "--wait", "0")
     assert out.returncode == 2, out.stderr
     assert f"error: run: no run 'cheetah-l' on {redis_url} after 0 s (runs there: cheetah-1" in out.stderr, out.stderr
+
+
+def test_runs_lists_the_runs_of_several_primaries_and_names_one_that_does_not_answer(tmp_path):
+    """A lab with more cores than one primary carries runs several: `runs` shows them in one table,
+    each with its primary, from repeated --redis-url or the variable's space-separated list."""
+    import time
+
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.connection import connect
+    from aesrl_queue.redis_server import RedisServer
+    from aesrl_queue.store import Store
+
+    servers = [RedisServer(directory=tmp_path / f"r{i}").start() for i in range(2)]
+    try:
+        for server, run_id in zip(servers, ("lab-a", "lab-b"), strict=True):
+            assert Store(connect(server.url), run_id).write_config(
+                RunConfig(env_id="Pendulum-v1", run_id=run_id, created_at=time.time()))
+        urls = [s.url for s in servers]
+        out = aq("runs", "--redis-url", urls[0], "--redis-url", urls[1])
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].split()[:2] == ["primary", "run"]
+        assert [line.split()[:3] for line in lines[1:]] == [[urls[0], "lab-a", "created"], [urls[1], "lab-b", "created"]]
+        env = dict(child_env(), AESRL_REDIS_URL=" ".join(urls))
+        by_env = subprocess.run([sys.executable, "-m", "cli.main", "runs"], capture_output=True, text=True, env=env,
+                                cwd=ROOT, timeout=120)
+        assert by_env.returncode == 0 and by_env.stdout == out.stdout
+        # one primary down: the others are listed, the dead one is one problem line, and the exit is 1
+        dead = "redis://127.0.0.1:1/0"
+        out = aq("runs", "--redis-url", urls[0], "--redis-url", dead, "--redis-url", urls[1])
+        assert out.returncode == 1 and len(out.stdout.splitlines()) == 3
+        problems = out.stderr.strip().splitlines()
+        assert len(problems) == 1 and problems[0].startswith(f"problem: cannot reach Redis at {dead}"), out.stderr
+    finally:
+        for server in servers:
+            server.cleanup()
