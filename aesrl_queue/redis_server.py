@@ -203,22 +203,9 @@ class RedisServer:
         # SIGTERM when this process dies, even by kill -9: Redis then writes its AOF and exits.
         self.proc = procs.spawn(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 death_signal=signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=1.0)
-        while True:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                log_tail = self._log_tail()
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}{log_tail}")
-            try:
-                if client.ping():
-                    break
-            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"redis-server on port {self.port} did not answer in {timeout}s") from None
-                time.sleep(0.05)
-        client.close()
+        if not self.wait_answering(timeout):
+            self.stop()
+            raise RuntimeError(f"redis-server on port {self.port} did not answer in {timeout}s")
         if self.appendonly:
             record = self.directory / SERVER_RECORD
             tmp = record.with_name(f".{record.name}.tmp")
@@ -227,6 +214,26 @@ class RedisServer:
         # debug: `run` and train() say where the embedded Redis is in a line of their own
         log.debug("started redis-server %s on port %d in %s", self.version or "", self.port, self.directory)
         return self
+
+    def wait_answering(self, timeout: float) -> bool:
+        """Whether the started process answers PING within `timeout` s (False: still silent);
+        RuntimeError, with its stderr and log tail, when it exits first."""
+        deadline = time.monotonic() + timeout
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=1.0)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}{self._log_tail()}")
+                try:
+                    if client.ping():
+                        return True
+                except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.05)
+        finally:
+            client.close()
 
     def _log_tail(self) -> str:
         try:

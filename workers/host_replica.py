@@ -126,18 +126,8 @@ class HostReplica:
         # until stop()) started it again.
         self.server.proc = procs.spawn(self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                        death_signal=signal.SIGTERM, thread_lives=True)
-        deadline = time.monotonic() + 10.0
-        client = self.client()
-        while True:
-            if self.server.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.server.proc.returncode}: {self.server._log_tail()}")
-            try:
-                if client.ping():
-                    return
-            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the host replica on port {self.server.port} did not answer in 10 s") from None
-                time.sleep(0.05)
+        if not self.server.wait_answering(10.0):
+            raise RuntimeError(f"the host replica on port {self.server.port} did not answer in 10 s")
 
     def client(self) -> redis.Redis:
         if self._client is None:
