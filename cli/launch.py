@@ -308,7 +308,7 @@ def _print_summary(cfg: RunConfig, summary: dict, run_dir: Path, metrics: Metric
 def launch_virtual(cfg: RunConfig, workers: int, cost_model: str | None, out_dir: str) -> int:
     """`run --virtual-workers N`: the run in virtual time in this process (aesrl_queue/virtual.py); the exit code."""
     from aesrl_queue.cost_model import CostModelError, resolve
-    from aesrl_queue.virtual import VirtualRun, VirtualRunError
+    from aesrl_queue.virtual import VirtualRun
 
     try:
         cost = resolve(cost_model)
@@ -318,19 +318,27 @@ def launch_virtual(cfg: RunConfig, workers: int, cost_model: str | None, out_dir
     run = VirtualRun(cfg, workers, cost, out_dir=out_dir, say=lambda message: echo(message, err=True))
     echo(f"run {cfg.run_id}: {cfg.algo} on {cfg.env_id}, {workers} virtual workers, budget {cfg.total_steps:,} "
          f"steps; cost model {cost_model or 'nominal'}", err=True)
-    code, outcome = 0, ""
-    try:
-        run.run()
-    except KeyboardInterrupt:
-        code, outcome = 130, "interrupted"
-    except VirtualRunError as exc:
-        code, outcome = 1, f"stopped: {exc}"
+    code, outcome, _ = _drive_virtual(run)
     if run.summary is not None and "steps" in run.summary:
         _print_summary(cfg, run.summary, run.run_dir, run.metrics, outcome)
         v = run.summary["virtual"]
         echo(f"  virtual          {workers} workers, {v['virtual_s']:,.1f} s of virtual time in {v['wall_s']:,.1f} s "
              f"({run.run_dir / 'virtual.json'})")
     return code
+
+
+def _drive_virtual(run) -> tuple[int, str, Exception | None]:
+    """Run a virtual run to its end: (exit code, how it ended for the summary, the VirtualRunError that
+    stopped it or None)."""
+    from aesrl_queue.virtual import VirtualRunError
+
+    try:
+        run.run()
+    except KeyboardInterrupt:
+        return 130, "interrupted", None
+    except VirtualRunError as exc:
+        return 1, f"stopped: {exc}", exc
+    return 0, "", None
 
 
 def launch_virtual_resume(run_dir: Path, given: dict) -> int:
@@ -353,16 +361,10 @@ def launch_virtual_resume(run_dir: Path, given: dict) -> int:
         return 2
     echo(f"run {run.cfg.run_id}: resuming a virtual run, {run.workers} virtual workers ({run_dir / 'virtual.json'})",
          err=True)
-    code, outcome = 0, ""
-    try:
-        run.run()
-    except KeyboardInterrupt:
-        code, outcome = 130, "interrupted"
-    except VirtualRunError as exc:
-        if run.metrics is None:  # refused before it ran
-            echo(f"error: {exc}", err=True)
-            return 2
-        code, outcome = 1, f"stopped: {exc}"
+    code, outcome, refused = _drive_virtual(run)
+    if refused is not None and run.metrics is None:  # refused before it ran
+        echo(f"error: {refused}", err=True)
+        return 2
     if run.summary is not None and "steps" in run.summary:
         _print_summary(run.cfg, run.summary, run.run_dir, run.metrics, outcome)
         v = run.summary["virtual"]
