@@ -129,18 +129,23 @@ class TlsRedisServer(RedisServer):
         return f"rediss://:{self.password}@127.0.0.1:{self.port}/0?ssl_ca_certs={self.certs['ca.crt']}"
 
 
-@pytest.mark.slow
-def test_tls(tmp_path, procs):
+def start_tls_server(tmp_path, **kw) -> TlsRedisServer:
+    """A started TlsRedisServer with certificates under tmp_path/certs; the test is skipped where
+    openssl or redis-server's TLS support is missing."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: cannot make a test certificate")
-    certs = _make_certs(tmp_path / "certs")
-    server = TlsRedisServer(certs, directory=tmp_path / "redis", password=ADMIN_PW)
+    server = TlsRedisServer(_make_certs(tmp_path / "certs"), **kw)
     try:
-        server.start()
+        return server.start()
     except RuntimeError as exc:
         if "tls" in str(exc).lower():
             pytest.skip(f"this redis-server was built without TLS support: {exc}")
         raise
+
+
+@pytest.mark.slow
+def test_tls(tmp_path, procs):
+    server = start_tls_server(tmp_path, directory=tmp_path / "redis", password=ADMIN_PW)
     try:
         admin = redis.Redis.from_url(server.url)
         assert admin.ping()
