@@ -78,7 +78,7 @@ class AesrlOptimizer(OwnsDistribution):
         self.controller = RLController(target=cfg.rl_ratio if self.rl else 0.0, gain=cfg.rl_gain,
                                        initial_steps=cfg.initial_steps)
         self.dispatched = 0  # jobs asked so far: job n has seed job_seed(cfg.seed, n)
-        self.events: list[tuple[str, dict[str, Any]]] = []  # none today (OwnsDistribution)
+        self.events: list[tuple[str, dict[str, Any]]] = []  # AES-RL reports none (OwnsDistribution)
         self.f_mu, self.f_mu_version = math.nan, -1  # the newest estimate of f(μ) reported by a job
         self.f_mu_len = 0.0  # the mean episode length behind it (fitness_shift)
         self.best = -math.inf  # best f(z) so far (random-action episodes included)
