@@ -15,7 +15,7 @@ Hopper-v5 >= 1 800, Walker2d-v5 >= 2 500). Development seeds only: never a repor
 
     python bench/learners.py micro [--seconds 3] [--devices cpu,cuda] [--out FILE]
     python bench/learners.py alone --learner crossq [--envs ...] [--seeds 1,2,3] [--minutes 60]
-                                   [--runs DIR] [--out FILE]
+                                   [--critic-hidden 256,256] [--runs DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -143,14 +143,17 @@ def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
 
 
 def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs: Path,
-          steps: int = 100_000, quick: bool = False) -> dict[str, Any]:
-    """quick: the learning protocol's --quick settings (Pendulum-sized networks and budget), for tests."""
+          steps: int = 100_000, quick: bool = False, critic_hidden: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """quick: the learning protocol's --quick settings (Pendulum-sized networks and budget), for tests.
+    critic_hidden: another critic than the learner's own (a bench option: crossq at 256-256 on a CPU)."""
     from aesrl_queue.config import LEARNER_DEFAULTS
     from bench import learning
 
-    algo = f"td3-{learner}"
+    algo = f"td3-{learner}" + (f"-{'-'.join(map(str, critic_hidden))}" if critic_hidden else "")
     own = {k: list(v) if isinstance(v, tuple) else v for k, v in LEARNER_DEFAULTS[learner].items()
            if not quick or k not in ("critic_hidden",)}
+    if critic_hidden:
+        own["critic_hidden"] = list(critic_hidden)
     base = learning.QUICK if quick else {**learning.PROTOCOL, "budget_steps": steps}
     protocol = {**base, "algos": {algo: {"algo": "td3", "learner": learner, **own}}}
     runs.mkdir(parents=True, exist_ok=True)
@@ -188,12 +191,13 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
         except Exception as exc:  # noqa: BLE001 - the scoring process died (a crash of MuJoCo, say)
             got = {"error": f"scoring: {type(exc).__name__}: {exc}"}
         cells.append({"env": env, "seed": seed, "wall_s": round(walls[(env, seed)], 1), **got})
-    return {"learner": learner, "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
+    return {"learner": learner, "critic_hidden": own.get("critic_hidden"), "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
             "versions": learning.package_versions(), "cores": os.cpu_count()}
 
 
 def alone_table(data: dict[str, Any]) -> str:
-    lines = [f"{data['learner']} alone (--algo td3 --learner {data['learner']}), mean return on the 10 fixed starts",
+    lines = [f"{data['learner']} alone (--algo td3 --learner {data['learner']}, critic {data.get('critic_hidden')}),"
+             " mean return on the 10 fixed starts",
              f"{'env':16} {'seed':>4} {'25k':>7} {'50k':>7} {'100k':>7} {'steps':>7} {'wall s':>8}"]
     by_env: dict[str, list[float]] = {}
     for c in data["cells"]:
@@ -224,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--steps", type=int, default=100_000)
     a.add_argument("--minutes", type=float, default=240.0)
     a.add_argument("--runs", type=Path, default=ROOT / "runs" / "learners")
+    a.add_argument("--critic-hidden", default="", help="another critic than the learner's own, e.g. 256,256")
     a.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -232,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         text = micro_table(data)
     else:
         data = alone(args.learner, args.envs.split(","), [int(s) for s in args.seeds.split(",")], args.minutes,
-                     args.runs, args.steps)
+                     args.runs, args.steps,
+                     critic_hidden=tuple(int(n) for n in args.critic_hidden.split(",")) if args.critic_hidden else None)
         text = alone_table(data)
     print(text, flush=True)
     if args.out:
