@@ -18,6 +18,7 @@ utilisation); a row's "vs serial" and "async/sync" then need cemrl at the first 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import platform
@@ -121,10 +122,20 @@ def run_one(client: redis.Redis, blocking: redis.Redis, cfg: RunConfig, n_worker
     inside = sum(max(0.0, min(t, hi) - max(t - r.duration, lo)) for t, r in results)
     steady = inside / (used * (hi - lo)) if hi > lo else float("nan")
     workers_seen = len({r.worker for _, r in results})
+    # The same jobs (their measured durations, in the order they started) on a dispatcher with no cost
+    # at all: each goes to the first free worker from time 0. Its idle time is the budget's drain alone
+    # (the last jobs run while the other workers have nothing left): the reference for a dispatcher
+    # that cannot know a job's duration before it ends.
+    free = [0.0] * used
+    for _, r in sorted(results, key=lambda tr: tr[0] - tr[1].duration):
+        heapq.heapreplace(free, free[0] + r.duration)
+    ideal = busy / (used * max(free))
+    first_start = min(t - r.duration for t, r in results)
     out = {
         "algo": cfg.algo, "workers": n_workers, "workers_used": used, "workers_seen": workers_seen,
         "evals": len(results), "applied": applied, "wall_s": wall, "busy_s": busy,
-        "utilisation": busy / (used * wall), "utilisation_steady": steady,
+        "utilisation": busy / (used * wall), "utilisation_steady": steady, "utilisation_ideal": ideal,
+        "first_start_s": first_start - t0,
         "s_per_eval": wall / len(results), "status": box.get("status"),
         "generations": int(state.get("generation", 0) or 0),
     }
@@ -133,11 +144,12 @@ def run_one(client: redis.Redis, blocking: redis.Redis, cfg: RunConfig, n_worker
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    head = ("case", "algorithm", "W", "evals", "wall s", "s/eval", "util", "util steady", "vs serial", "async/sync")
+    head = ("case", "algorithm", "W", "evals", "wall s", "s/eval", "util", "util steady", "util ideal", "vs serial",
+            "async/sync")
     lines = [" | ".join(f"{h:>11}" for h in head), "-+-".join("-" * 11 for _ in head)]
     for r in rows:
         cells = (r["case"], r["algo"], r["workers"], r["evals"], f"{r['wall_s']:.2f}", f"{r['s_per_eval']:.3f}",
-                 f"{r['utilisation']:.3f}", f"{r['utilisation_steady']:.3f}",
+                 f"{r['utilisation']:.3f}", f"{r['utilisation_steady']:.3f}", f"{r['utilisation_ideal']:.3f}",
                  f"{r['reduction_vs_serial']:.1%}" if r.get("reduction_vs_serial") is not None else "-",
                  f"{r['async_over_sync']:.3f}" if r.get("async_over_sync") is not None else "-")
         lines.append(" | ".join(f"{c!s:>11}" for c in cells))
@@ -201,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                     r["case"] = case
                     got[algo] = r
                     print(f"  {case:8s} W={w:<3d} {algo:7s} {r['evals']} evals in {r['wall_s']:.2f}s, "
-                          f"utilisation {r['utilisation']:.3f} (steady {r['utilisation_steady']:.3f})", flush=True)
+                          f"utilisation {r['utilisation']:.3f} (steady {r['utilisation_steady']:.3f}, "
+                          f"ideal {r['utilisation_ideal']:.3f}, first start {r['first_start_s']:.2f}s)", flush=True)
                 if "cemrl" in got:
                     serial[case] = got["cemrl"]["s_per_eval"]
                     got["cemrl"]["workers"] = 1
@@ -222,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
           "can end a synchronous generation early, so compare per evaluation); util = sum of job durations / "
           "(workers used x wall), cemrl uses one worker; vs serial = 1 - (s/eval) / (s/eval of cemrl); "
           "async/sync = aesrl s/eval / pcemrl s/eval at the same W; util steady = the same over the middle 80% "
-          "of result times (no start-up, no drain). Evaluations per row: max(evals, per-worker x W).")
+          "of result times (no start-up, no drain); util ideal = the same jobs, durations and start order on a "
+          "dispatcher that costs nothing (each job to the first free worker from time 0): what the budget's "
+          "drain alone leaves idle, the reference for a dispatcher that cannot foresee durations. Evaluations per row: max(evals, per-worker x W).")
     print(f"- pcemrl's generation is {RunConfig.from_preset('AesrlSleep-v0').population} individuals: with "
           "more workers than that, the rest idle by construction.")
     out = {"mode": "quick" if args.quick else "full", "evals": evals, "per_worker": mode["per_worker"],
@@ -235,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             if ("aesrl", w) in by:
                 out.setdefault("checks", {})[f"{case}_util_aesrl_{w}"] = by[("aesrl", w)]["utilisation"]
                 out["checks"][f"{case}_util_steady_aesrl_{w}"] = by[("aesrl", w)]["utilisation_steady"]
+                out["checks"][f"{case}_util_ideal_aesrl_{w}"] = by[("aesrl", w)]["utilisation_ideal"]
         if ("aesrl", 8) in by and ("pcemrl", 8) in by and case in serial:
             out["checks"][f"{case}_async_over_sync_8"] = by[("aesrl", 8)]["async_over_sync"]
             out["checks"][f"{case}_reduction_vs_serial_8"] = by[("aesrl", 8)]["reduction_vs_serial"]

@@ -51,6 +51,8 @@ def test_async_vs_sync_quick_rows():
         assert r["workers_seen"] == r["workers_used"], r
         # busy time cannot exceed the workers used over the wall time; s/eval is wall / evaluations
         assert 0.0 < r["utilisation"] <= 1.05, r
+        # the same jobs on a dispatcher that costs nothing: busy at most all the time
+        assert 0.0 < r["utilisation_ideal"] <= 1.0 + 1e-9, r
         assert r["s_per_eval"] == pytest.approx(r["wall_s"] / r["evals"]), r
     assert "vs serial" in proc.stdout and "async/sync" in proc.stdout
     if out.parent.name.startswith("aesrl-bench-"):  # the temporary folder of --quick
