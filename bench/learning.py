@@ -1,17 +1,21 @@
-"""The learning protocol: AES-RL against TD3, CEM-RL and SB3's TD3, measured once on frozen code.
+"""The learning protocols: AES-RL against TD3, CEM-RL and the learners alone, measured once on frozen code.
 
-PROTOCOL fixes everything a reported number depends on; `--declare` writes it, with the commit and the
-pinned versions, to bench/results/learning-protocol.json before the first cell (docs/performance.md).
-A cell (env, algo, seed) is one `aesrl-queue run` (sb3-td3: bench/sb3_td3.py) that writes its policy
-at each milestone itself; each snapshot is scored on the same 10 fixed start states. Every cell
-counts: one runs again only after a crash, which stays in the file.
+A protocol fixes everything a reported number depends on; `--declare` writes it, with the commit, the
+pinned versions and the whole `pip freeze` (a file beside it), into its results file before the first
+cell (docs/performance.md). `--protocol v2` (the default: AES-RL with a current learner, Ant-v5 held
+out) writes bench/results/learning-protocol-v2.json; `--protocol v1` is the TD3-based record in
+learning-protocol.json. A cell (env, algo, seed) is one `aesrl-queue run` (sb3-td3: bench/sb3_td3.py)
+that writes its policy at each milestone itself; each snapshot is scored on the same 10 fixed start
+states. Every cell counts: one runs again only after a crash, which stays in the file.
 
     python bench/learning.py --declare COMMIT      fix the commit (refused once rows exist)
     python bench/learning.py --run --max-hours 8   run pending cells, seed by seed; start none after 8 h
     python bench/learning.py --report              the tables and P(improvement); writes "summary"
-    python bench/learning.py --cells Hopper-v5:aesrl-rl10k:1   an ablation or development cell (dev file)
+    python bench/learning.py --cells Hopper-v5:aesrl:1   a development or ablation cell (the dev file;
+                                                   never a report seed, never a held-out env of v2)
     python bench/learning.py --quick               the machinery on Pendulum-v1 in a temporary folder
-    python bench/learning.py --rerun Walker2d-v5:td3:101 --repo ../frozen   one recorded cell again, side by side
+    python bench/learning.py --rerun Walker2d-v5:td3:101 --repo ../frozen --protocol v1
+                                                   one recorded cell again, side by side
 """
 
 from __future__ import annotations
@@ -69,6 +73,28 @@ ABLATIONS = {"aesrl-no-shift": {"algo": "aesrl", "fitness_shift": 0.0, "critic_s
              "aesrl-rl10k": {"algo": "aesrl", "rl_steps_max": 10_000},
              "aesrl-no-lag": {"algo": "aesrl", "critic_lag": 0}}
 COMPARED = ("td3", "cemrl", "aesrl-paper", "sb3-td3")  # P(aesrl > X)
+# The second protocol: AES-RL whose μ episodes are data, with a current learner (LEARNER_V2). Each
+# learner keeps its own critic (no shared critic_hidden: crossq's is 2048-2048); `td3` is the paper's
+# learner at the first protocol's 256-256; Ant-v5 is held out. The cells' BLAS variables are unset, so a
+# cell picks the kernel of its CPU kind whatever the machine's own settings (a rerun on that kind
+# reproduces it). Declared only after the development cells chose the default learner.
+LEARNER_V2 = "crossq"
+PROTOCOL_V2: dict[str, Any] = {
+    "envs": ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5"],
+    "held_out": ["Ant-v5"],
+    "seeds": {"aesrl": [201, 202, 203, 204, 205], LEARNER_V2: [201, 202, 203, 204, 205],
+              "td3": [201, 202, 203], "cemrl": [201, 202, 203]},
+    "algos": {"aesrl": {"algo": "aesrl", "learner": LEARNER_V2}, LEARNER_V2: {"algo": "td3", "learner": LEARNER_V2},
+              "td3": {"algo": "td3", "learner": "td3", "critic_hidden": [256, 256]},
+              "cemrl": {"algo": "cemrl", "learner": LEARNER_V2}},
+    "compared": [LEARNER_V2, "td3", "cemrl"],
+    "budget_steps": 100_000,
+    "shared": {"hidden": [256, 256], "initial_steps": 10_000, "td3_eval_every": 5_000},
+    "blas": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None, "OPENBLAS_NUM_THREADS": "1"},
+    **{k: PROTOCOL[k] for k in ("workers", "milestones", "eval_seeds", "development_seeds", "statistics")},
+}
+# --protocol NAME: (the protocol, the stem of its results file in bench/results)
+PROTOCOLS = {"v1": (PROTOCOL, "learning-protocol"), "v2": (PROTOCOL_V2, "learning-protocol-v2")}
 QUICK = {**PROTOCOL, "envs": ["Pendulum-v1"], "held_out": [], "budget_steps": 1_200,
          "seeds": {"aesrl": [101], "td3": [101], "sb3-td3": [101]},
          "shared": {"hidden": [16, 16], "critic_hidden": [32, 32], "initial_steps": 400, "td3_start_steps": 400,
@@ -250,13 +276,26 @@ def declare(path: Path, commit: str, repo: Path = ROOT, protocol: dict[str, Any]
         raise Refused(f"{commit} is not a commit of {repo}")
     if git(repo, "merge-base", "--is-ancestor", full, "main").returncode != 0:
         raise Refused(f"{full[:12]} is not an ancestor of main")
-    block = {**protocol, "commit": full, "pins": dict(PINS)}
+    block = {**protocol, "commit": full, "pins": dict(PINS), "freeze": write_freeze(path)}
+
     def change(data: dict[str, Any]) -> None:
         if data["rows"] and data["protocol"] != block:
             raise Refused(f"{path.name} holds {len(data['rows'])} rows under its declaration; it is not changed")
         data["protocol"] = block
 
     return update(path, change)["protocol"]
+
+
+def write_freeze(path: Path) -> dict[str, str]:
+    """`pip freeze` of the interpreter that declares, beside the results file: every installed version,
+    not only the pinned ones, for a rerun to install; its name and sha256 go into the declaration."""
+    import hashlib
+
+    text = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True,
+                          check=True).stdout
+    out = path.with_name(path.stem + "-freeze.txt")
+    out.write_text(text)
+    return {"file": out.name, "sha256": hashlib.sha256(text.encode()).hexdigest(), "python": sys.version.split()[0]}
 
 
 def record(path: Path, row: dict[str, Any], repo: Path | None = ROOT) -> None:
@@ -445,7 +484,7 @@ def summarise(rows: list[dict[str, Any]], protocol: dict[str, Any]) -> dict[str,
                 continue
             cell = {"algos": {a: {"n": len(x), "mean": interval(np.mean, [x]), "iqm": interval(iqm, [x])}
                               for a, x in by.items()}, "vs": {}}
-            for other in COMPARED:
+            for other in protocol.get("compared", COMPARED):
                 if "aesrl" in by and other in by:
                     p = interval(prob_improvement, [by["aesrl"], by[other]])
                     cell["vs"][other] = {"p": p, "verdict": verdict(p) if math.isfinite(p[1]) else "n < 2"}
@@ -524,11 +563,12 @@ def run_cells(cells: list[tuple[str, str, int]], protocol: dict[str, Any], path:
     return 1 if failed else 0
 
 
-def check_start(data: dict[str, Any], path: Path) -> None:
+def check_start(data: dict[str, Any], path: Path, protocol: dict[str, Any] = PROTOCOL) -> None:
     """Refuse to start cells that could not be recorded: no declaration, other code, a dirty tree, other versions."""
     if data["protocol"] is None:
         raise Refused(f"{path.name} declares no protocol: run --declare COMMIT first")
-    if {k: v for k, v in data["protocol"].items() if k not in ("commit", "pins")} != json.loads(json.dumps(PROTOCOL)):
+    declared = {k: v for k, v in data["protocol"].items() if k not in ("commit", "pins", "freeze")}
+    if declared != json.loads(json.dumps(protocol)):
         raise Refused("this code's PROTOCOL differs from the declared one")
     versions = package_versions()
     why = git_refusals(ROOT, data["protocol"]["commit"]) + [f"{n} {versions.get(n)} is installed, the protocol pins "
@@ -537,13 +577,14 @@ def check_start(data: dict[str, Any], path: Path) -> None:
         raise Refused("; ".join(why))
 
 
-def parse_cells(text: str) -> list[tuple[str, str, int]]:
+def parse_cells(text: str, protocol: dict[str, Any] = PROTOCOL) -> list[tuple[str, str, int]]:
     cells = []
+    envs = [e for e in protocol["envs"] if e not in protocol["held_out"] or protocol is PROTOCOL]
     for item in filter(None, (t.strip() for t in text.split(","))):
         env, algo, seed = item.split(":")
-        if env not in PROTOCOL["envs"] or (algo not in PROTOCOL["algos"] and algo not in ABLATIONS):
-            raise SystemExit(f"--cells: {item!r}: envs {PROTOCOL['envs']}, algos {[*PROTOCOL['algos'], *ABLATIONS]}")
-        if int(seed) in PROTOCOL["seeds"].get(algo, ()):  # a report cell runs once, with --run
+        if env not in envs or (algo not in protocol["algos"] and algo not in ABLATIONS):
+            raise SystemExit(f"--cells: {item!r}: envs {envs}, algos {[*protocol['algos'], *ABLATIONS]}")
+        if int(seed) in protocol["seeds"].get(algo, ()):  # a report cell runs once, with --run
             raise SystemExit(f"--cells: {item!r} is a report cell: `--run` runs it, into the report file")
         cells.append((env, algo, int(seed)))
     return cells
@@ -564,28 +605,33 @@ def main(argv: list[str] | None = None) -> int:
                     "(a worktree of the declared commit; default this one)")
     ap.add_argument("--file", type=Path, default=None, help="--rerun: the results file (default the report file)")
     ap.add_argument("--out-dir", type=Path, default=None, help="results folder (default bench/results)")
+    ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="v2",
+                    help="v1: the TD3-based record (learning-protocol.json); v2: the current one (learning-protocol-v2.json)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through run_cell
     out = args.out_dir or (Path(tempfile.mkdtemp(prefix="aesrl-protocol-")) if args.quick else RESULTS)
-    path, runs_dir = out / "learning-protocol.json", out / "learning-protocol"
+    chosen, stem = PROTOCOLS[args.protocol]
+    if args.quick:
+        stem = "learning-protocol"
+    path, runs_dir = out / f"{stem}.json", out / stem
     print(f"results: {path}", flush=True)
     try:
         if args.rerun:
             return rerun(args.file or path, args.rerun, args.repo.resolve(), out)
         if args.declare:
-            print(json.dumps(declare(path, args.declare), indent=1))
+            print(json.dumps(declare(path, args.declare, protocol=chosen), indent=1))
         elif args.cells:
-            return run_cells(parse_cells(args.cells), PROTOCOL, out / "learning-protocol-dev.json",
-                             out / "learning-protocol-dev", args.max_hours, TIMEOUT_MIN["full"], ROOT, dev=True)
+            return run_cells(parse_cells(args.cells, chosen), chosen, out / f"{stem}-dev.json",
+                             out / f"{stem}-dev", args.max_hours, TIMEOUT_MIN["full"], ROOT, dev=True)
         elif args.run or args.quick:
-            protocol = QUICK if args.quick else PROTOCOL
+            protocol = QUICK if args.quick else chosen
             if args.quick:  # the machinery only: the commit as it is, the installed versions as the pins
                 block = {**QUICK, "commit": git(ROOT, "rev-parse", "HEAD").stdout.strip(),
                          "pins": {n: package_versions().get(n) for n in PINS}}
                 update(path, lambda d: d.update(protocol=block))
             data = load(path)
             if not args.quick:
-                check_start(data, path)
+                check_start(data, path, protocol)
             done = {cell_key(r) for r in data["rows"]}
             cells = [c for c in protocol_cells(protocol) if c not in done]
             print(f"{len(done)} cells recorded, {len(cells)} pending, {len(data['crashes'])} crashes so far", flush=True)

@@ -45,6 +45,41 @@ def test_the_protocol_is_the_issues():
     assert not set(learning.ABLATIONS) & set(p["seeds"])
 
 
+def test_the_second_protocol_is_the_issues():
+    p = learning.PROTOCOL_V2
+    x = learning.LEARNER_V2
+    assert p["envs"][:3] == learning.PROTOCOL["envs"] and p["envs"][3] == "Ant-v5" and p["held_out"] == ["Ant-v5"]
+    assert p["seeds"]["aesrl"] == p["seeds"][x] == [201, 202, 203, 204, 205]
+    assert p["seeds"]["td3"] == p["seeds"]["cemrl"] == [201, 202, 203]
+    assert len(learning.protocol_cells(p)) == 64
+    assert not set(p["development_seeds"]) & {s for ss in p["seeds"].values() for s in ss}
+    assert p["algos"]["td3"]["learner"] == "td3" and p["algos"][x] == {"algo": "td3", "learner": x}
+    assert p["algos"]["aesrl"]["learner"] == p["algos"]["cemrl"]["learner"] == x
+    assert "critic_hidden" not in p["shared"]  # each learner its own critic
+    assert set(p["compared"]) == {x, "td3", "cemrl"}
+    assert [m for m in p["milestones"].values() if m[0] == "interactions"] == \
+        [["interactions", 25_000], ["interactions", 50_000], ["interactions", 100_000]]
+    # the cells run with OpenBLAS's own pick for the CPU, whatever the machine sets
+    env = learning.cell_env(p)
+    assert "OPENBLAS_CORETYPE" not in env and "OPENBLAS_L2_SIZE" not in env
+    # development cells never look at the held-out env nor run a report seed
+    assert learning.parse_cells("Hopper-v5:aesrl:1", p) == [("Hopper-v5", "aesrl", 1)]
+    for bad in ("Ant-v5:aesrl:1", f"Hopper-v5:{x}:201"):
+        with pytest.raises(SystemExit):
+            learning.parse_cells(bad, p)
+
+
+def test_a_declaration_keeps_the_whole_pip_freeze(repo, tmp_path):
+    path = tmp_path / "learning-protocol-v2.json"
+    block = learning.declare(path, "HEAD", repo, protocol=learning.PROTOCOL_V2)
+    freeze = tmp_path / block["freeze"]["file"]
+    assert freeze.name == "learning-protocol-v2-freeze.txt"
+    text = freeze.read_text()
+    assert hashlib.sha256(text.encode()).hexdigest() == block["freeze"]["sha256"]
+    assert any(line.lower().startswith("numpy==") for line in text.splitlines()), text[:500]
+    assert block["envs"] == learning.PROTOCOL_V2["envs"]
+
+
 def test_setup_cfg_pins_the_versions_the_protocol_declares():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
