@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from aesrl_queue.cost_model import duration_spread, worker_gap  # noqa: E402  (validate's fits, shared with calibrate)
+
 WINDOW = 10  # f(μ) estimates averaged, as the progress line's f(μ)~
 
 
@@ -191,32 +193,6 @@ def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict
     if rates:
         changes["learner_steps_per_s"] = median(rates)
     return dataclasses.replace(calibrated, **changes), {"k_es": k_es, "k_rl": k_rl, "critic_rate": median(rates)}
-
-
-def duration_spread(metrics: list[dict[str, Any]]) -> float:
-    """The coefficient of variation of a real run's job durations (after the random phase), the mean of
-    its job kinds' weighted by their results."""
-    total, n = 0.0, 0
-    for kind in ("es", "rl"):
-        d = [float(u["duration"]) for u in metrics if u.get("type") == "update" and u.get("kind") == kind
-             and not u.get("random") and isinstance(u.get("duration"), int | float)]
-        if len(d) > 2:
-            mean = sum(d) / len(d)
-            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
-            total, n = total + len(d) * sd / mean, n + len(d)
-    return total / n if n else 0.0
-
-
-def worker_gap(metrics: list[dict[str, Any]], workers: int) -> float:
-    """A real run's time per job of a worker outside the job's measured duration: the mean cycle of a
-    worker (workers × the span of the results after the random phase / their number) less the mean
-    duration. Read off an `es` run (an aesrl run's workers also wait for its critic)."""
-    ups = [u for u in metrics if u.get("type") == "update" and not u.get("random")
-           and isinstance(u.get("duration"), int | float)]
-    if len(ups) < 2:
-        return 0.0
-    cycle = workers * (ups[-1]["t"] - ups[0]["t"]) / (len(ups) - 1)
-    return max(0.0, cycle - sum(u["duration"] for u in ups) / len(ups))
 
 
 def _cli(args: list[str], log_path: Path) -> float:

@@ -824,16 +824,25 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
 @config_options
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default="cost-model.json",
               help="The cost-model file to write.")
-def calibrate(env_id, config_file, out_file, **kw) -> None:
+@click.option("--workers", "fit_workers", type=click.IntRange(min=1), default=None,
+              help="Also run a short real es run with this many worker processes here and fit the model to "
+                   "it: job durations as those workers take them on this machine's cores, and the workers' "
+                   "time between jobs (worker_gap_s) and the spread of durations (duration_spread), which "
+                   "are 0 otherwise.")
+def calibrate(env_id, config_file, out_file, fit_workers, **kw) -> None:
     """Measure a virtual run's cost model on this machine for a run's config (its environment, network
     and learner): seconds per environment step and per RL actor step, learner steps per second, and the
-    round trips of a result and of a μ version. Takes under a minute; `run --virtual-workers N
-    --cost-model FILE` uses the file."""
-    from aesrl_queue.cost_model import FIELDS
+    round trips of a result and of a μ version, each with one core. Takes under a minute (--workers N
+    adds a real run of about 20 jobs per worker); `run --virtual-workers N --cost-model FILE` uses the file."""
+    from aesrl_queue.cost_model import FIELDS, fit_to_workers
     from aesrl_queue.cost_model import calibrate as measure
 
     cfg = build_config(env_id, config_file, **kw)
     model, notes = measure(cfg)
+    if fit_workers:
+        click.echo(f"fitting to a real es run with {fit_workers} workers ...", err=True)
+        model, fit = fit_to_workers(cfg, model, fit_workers)
+        notes["fit"] = fit
     path = model.save(out_file, notes)
     for name, value in model.to_dict().items():
         click.echo(f"  {name:20} {value:<12.6g} {FIELDS[name]}")

@@ -286,3 +286,31 @@ def test_load_resume_continues_a_virtual_run(tmp_path):
     after = _updates(run.folder)
     assert after[:len(before)] == before and len(after) > len(before)
     assert json.loads((run.folder / VIRTUAL_FILE).read_text())["resumes"][0]["total_steps"] == 800
+
+
+def test_calibrate_with_workers_fits_the_gap_and_spread_of_a_real_run(tmp_path):
+    """`aesrl-queue calibrate --workers 2` on an environment whose episodes sleep a lognormal time: the
+    one-core measures, then a real es run with 2 worker processes, whose workers' time between jobs and
+    spread of durations the model takes (both 0 without --workers), its job durations scaled to it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, child_env
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"env_id": "AesrlSleep-v0", "hidden": [8, 8], "critic_hidden": [16, 16],
+                                  "env_kwargs": {"episode_len": 10, "mean_s": 0.02, "sigma": 0.5, "seed": 1}}))
+    out = tmp_path / "cost.json"
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "calibrate", "--config", str(config), "--workers", "2",
+                           "--out", str(out)], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    model = CostModel.load(out)
+    fit = json.loads(out.read_text())["notes"]["fit"]
+    assert fit["workers"] == 2 and fit["es_results"] >= 20
+    # a job is two sleeping episodes of lognormal length (log-std 0.5 each: ~0.38 for their sum, more
+    # where the episodes share a start or a loaded machine adds its own)
+    assert 0.15 < model.duration_spread < 3, fit
+    assert model.worker_gap_s > 0, fit
+    assert model.env_step_s == pytest.approx(fit["env_step_s_one_core"] * fit["duration_ratio"])
+    # the steps sleep 2 ms each, whatever the load: the real durations are the one-core ones, give or take
+    assert 0.5 < fit["duration_ratio"] < 3, fit
