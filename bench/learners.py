@@ -15,7 +15,7 @@ Hopper-v5 >= 1 800, Walker2d-v5 >= 2 500). Development seeds only: never a repor
 
     python bench/learners.py micro [--seconds 3] [--devices cpu,cuda] [--out FILE]
     python bench/learners.py alone --learner crossq [--envs ...] [--seeds 1,2,3] [--minutes 60]
-                                   [--critic-hidden 256,256] [--runs DIR] [--out FILE]
+                                   [--critic-hidden 256,256] [--resume] [--runs DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -142,10 +142,20 @@ def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _finished(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "summary.json").read_text()).get("status") == "finished"
+    except (OSError, ValueError):
+        return False
+
+
 def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs: Path,
-          steps: int = 100_000, quick: bool = False, critic_hidden: tuple[int, ...] | None = None) -> dict[str, Any]:
+          steps: int = 100_000, quick: bool = False, critic_hidden: tuple[int, ...] | None = None,
+          resume: bool = False) -> dict[str, Any]:
     """quick: the learning protocol's --quick settings (Pendulum-sized networks and budget), for tests.
-    critic_hidden: another critic than the learner's own (a bench option: crossq at 256-256 on a CPU)."""
+    critic_hidden: another critic than the learner's own (a bench option: crossq at 256-256 on a CPU).
+    resume: a cell whose folder is there continues (`run --resume`: a run stopped at --minutes, or one
+    whose machine went away, goes on from its last checkpoint), and a finished one is only scored."""
     from aesrl_queue.config import LEARNER_DEFAULTS
     from bench import learning
 
@@ -158,21 +168,31 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
     protocol = {**base, "algos": {algo: {"algo": "td3", "learner": learner, **own}}}
     runs.mkdir(parents=True, exist_ok=True)
     procs: dict[tuple[str, int], tuple[subprocess.Popen, float]] = {}
+    resumed: dict[tuple[str, int], bool] = {}
+    walls: dict[tuple[str, int], float] = {}
     for env in envs:
         for seed in seeds:
             folder = runs / env / f"{algo}-s{seed}"
             folder.parent.mkdir(parents=True, exist_ok=True)
             cfg_file = folder.with_name(folder.name + ".config.json")
-            cfg_file.write_text(json.dumps({"env_id": env, **learning.cell_settings(algo, protocol)}))
-            cmd = learning.cell_command(env, algo, seed, protocol, folder, cfg_file)
+            if resume and (folder / "redis").is_dir():
+                resumed[(env, seed)] = True
+                if _finished(folder):
+                    walls[(env, seed)] = 0.0
+                    continue
+                marks = learning.cell_command(env, algo, seed, protocol, folder, cfg_file)
+                cmd = [sys.executable, "-m", "cli.main", "run", "--resume", str(folder), "--snapshot-every", "0",
+                       "--workers", str(protocol["workers"]), *marks[marks.index("--snapshot-steps"):marks.index("--snapshot-steps") + 4]]
+            else:
+                cfg_file.write_text(json.dumps({"env_id": env, **learning.cell_settings(algo, protocol)}))
+                cmd = learning.cell_command(env, algo, seed, protocol, folder, cfg_file)
             env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
             env_vars.pop("AESRL_REDIS_URL", None)
-            log = open(folder.with_name(folder.name + ".log"), "w")  # noqa: SIM115 - open while it runs
+            log = open(folder.with_name(folder.name + ".log"), "a" if resume else "w")  # noqa: SIM115 - open while it runs
             procs[(env, seed)] = (subprocess.Popen(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT,
                                                    start_new_session=True), time.monotonic())
     deadline = time.monotonic() + minutes * 60
-    walls: dict[tuple[str, int], float] = {}
-    while len(walls) < len(procs) and time.monotonic() < deadline:
+    while any(key not in walls for key in procs) and time.monotonic() < deadline:
         for key, (p, t0) in procs.items():
             if key not in walls and p.poll() is not None:
                 walls[key] = time.monotonic() - t0
@@ -182,15 +202,16 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
             learning.kill_group(p)
             walls[key] = -(time.monotonic() - t0)  # negative: stopped at the deadline
     # each cell scored in a process of its own (MuJoCo and the numpy actor, side by side)
-    with ProcessPoolExecutor(max_workers=min(len(procs), os.cpu_count() or 1)) as pool:
-        futures = {key: pool.submit(_score, runs / key[0] / f"{algo}-s{key[1]}", algo, protocol) for key in procs}
+    with ProcessPoolExecutor(max_workers=min(len(walls), os.cpu_count() or 1)) as pool:
+        futures = {key: pool.submit(_score, runs / key[0] / f"{algo}-s{key[1]}", algo, protocol) for key in walls}
     cells = []
     for (env, seed), f in futures.items():
         try:
             got = f.result()
         except Exception as exc:  # noqa: BLE001 - the scoring process died (a crash of MuJoCo, say)
             got = {"error": f"scoring: {type(exc).__name__}: {exc}"}
-        cells.append({"env": env, "seed": seed, "wall_s": round(walls[(env, seed)], 1), **got})
+        cells.append({"env": env, "seed": seed, "wall_s": round(walls[(env, seed)], 1), **got,
+                      **({"resumed": True} if resumed.get((env, seed)) else {})})
     return {"learner": learner, "critic_hidden": own.get("critic_hidden"), "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
             "versions": learning.package_versions(), "cores": os.cpu_count()}
 
@@ -228,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--steps", type=int, default=100_000)
     a.add_argument("--minutes", type=float, default=240.0)
     a.add_argument("--runs", type=Path, default=ROOT / "runs" / "learners")
+    a.add_argument("--resume", action="store_true", help="continue the cells whose folders are there (run "
+                   "--resume); score finished ones without running them")
     a.add_argument("--critic-hidden", default="", help="another critic than the learner's own, e.g. 256,256")
     a.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -238,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         data = alone(args.learner, args.envs.split(","), [int(s) for s in args.seeds.split(",")], args.minutes,
                      args.runs, args.steps,
-                     critic_hidden=tuple(int(n) for n in args.critic_hidden.split(",")) if args.critic_hidden else None)
+                     critic_hidden=tuple(int(n) for n in args.critic_hidden.split(",")) if args.critic_hidden else None,
+                     resume=args.resume)
         text = alone_table(data)
     print(text, flush=True)
     if args.out:

@@ -21,3 +21,15 @@ def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
     assert set(cell["scores"]) >= {"25", "50", "100"}
     assert all(len(v["returns"]) == 10 for v in cell["scores"].values())
     assert "Pendulum-v1" in learners.alone_table(data)
+
+
+def test_alone_resumes_a_stopped_cell_and_scores_a_finished_one_without_running_it(tmp_path) -> None:
+    # stopped at its deadline (SIGTERM) after ~9 s, or finished by then on a fast machine: either way
+    # --resume takes the folder up, and the cell ends at its budget with every milestone scored
+    learners.alone("crossq", ["Pendulum-v1"], [1], minutes=0.15, runs=tmp_path, quick=True)
+    (cell,) = learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True, resume=True)["cells"]
+    assert "error" not in cell, cell
+    assert cell["resumed"] and cell["steps"] == 1200
+    assert set(cell["scores"]) >= {"25", "50", "100"}
+    again = learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True, resume=True)["cells"]
+    assert again[0]["wall_s"] == 0.0 and again[0]["scores"] == cell["scores"]  # finished: scored, not run
