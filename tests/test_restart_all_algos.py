@@ -3,7 +3,7 @@ the scheduler is SIGKILLed mid-run (the synchronous ones mid-generation, with me
 and restarted with --run; Redis is SIGKILLed (AOF, fsync every second: up to a second of writes is
 lost) and restarted on its AOF; each scheduler is killed and restarted once more. Every run finishes
 its budget with every result applied exactly once; td3, which has no jobs, resumes from its checkpoint
-with every episode stored and recorded exactly once.
+with every episode stored and recorded exactly once. aesrl and td3 run with each learner.
 """
 
 from __future__ import annotations
@@ -34,9 +34,13 @@ RUNS = {
     "pcemrl": ("--algo", "pcemrl", "--serial-critic", "--steps", "3200"),
     "pcemrl-pc": ("--algo", "pcemrl", "--parallel-critic", "--steps", "3200"),
     "td3": ("--algo", "td3", "--steps", "4000"),
+    # the other learner, in the daemon and RL jobs of an asynchronous run and alone
+    "aesrl-crossq": ("--algo", "aesrl", "--learner", "crossq", "--steps", "3200"),
+    "td3-crossq": ("--algo", "td3", "--learner", "crossq", "--steps", "4000"),
 }
 SYNC = ("cemrl", "pcemrl", "pcemrl-pc")
-NO_CRITIC = ("es", "td3")
+TD3 = ("td3", "td3-crossq")
+NO_CRITIC = ("es", *TD3)
 WORKERS = 4
 
 
@@ -46,7 +50,7 @@ def mid_run(client, store: Store, name: str, after: int) -> bool:
     st = store.state()
     if st["status"] not in ("running", "created"):
         return False
-    if name == "td3":
+    if name in TD3:
         return bool(client.exists(store.key("td3:ckpt"))) and st["steps"] > after + 200
     if st["results_applied"] < after + 4 or not client.hlen(store.key("inflight")):
         return False
@@ -112,7 +116,7 @@ def test_every_algorithm_survives_scheduler_and_redis_kills(tmp_path, procs):
         server = RedisServer(port=port, directory=data, appendonly=True, extra_args=AOF_ARGS).start()
         client = connect(server.url)
         stores = {name: Store(client, name) for name in RUNS}
-        after = {name: (s.state()["steps"] if name == "td3" else s.state()["results_applied"])
+        after = {name: (s.state()["steps"] if name in TD3 else s.state()["results_applied"])
                  for name, s in stores.items()}
 
         # 3. Each scheduler killed once more (the synchronous ones again mid-generation), restarted.
@@ -128,9 +132,9 @@ def test_every_algorithm_survives_scheduler_and_redis_kills(tmp_path, procs):
             st = store.state()
             budget = int(RUNS[name][RUNS[name].index("--steps") + 1])
             assert st["steps"] >= budget, (name, st)
-            if name == "td3":
+            if name in TD3:
                 check_td3_exactly_once(client, store)
-                for log in (procs.log("td3-s2"), procs.log("td3-s3")):
+                for log in (procs.log(f"{name}-s2"), procs.log(f"{name}-s3")):
                     assert "td3 resumed at" in log and "from its checkpoint" in log, log[-2000:]
                 continue
             check_exactly_once(client, store)
