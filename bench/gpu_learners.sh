@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The learner alone at 100 000 steps on a GPU machine lent for ~15 minutes (issue 45's first gate):
 # `bench/learners.py alone` on the development seeds, all cells at once under CUDA MPS with TF32
-# matrix products, each cell's critic on the CUDA-graph path. The 9 crossq cells take ~12 minutes of
-# an H200, longer than one 10-minute command, so the work runs detached and two calls share it:
+# matrix products, each cell's critic on the CUDA-graph path. The 9 crossq cells take ~10 minutes of
+# an H200 and their start and scoring come on top, more than one 10-minute command, so the work runs
+# detached and two calls share it:
 #
 #   bash bench/gpu_learners.sh start DIR [LEARNER] [SEEDS]   starts the cells detached (setsid), returns
 #   bash bench/gpu_learners.sh wait DIR OUT [SECONDS]        waits for them (at most SECONDS, default 540),
