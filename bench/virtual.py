@@ -9,8 +9,9 @@ issue asks of it, read off the cell's metrics.jsonl (`aesrl-queue plot` draws th
 - the virtual seconds until that mean first reaches each of --thresholds;
 - the staleness: quantiles of `lag` (versions μ moved while an individual ran) over the run.
 
-Not here yet: the parallel TD3 cells (N environment workers feeding one learner at the learner's rate),
-which are no queue algorithm, and the results file and plot of docs/scaling.md.
+`--algos ptd3` runs the parallel TD3 of bench/parallel_td3.py (N environment workers feeding one learner
+at the cost model's learner rate, on --algo td3's settings), which is no queue algorithm. Not here yet:
+the results file and plot of docs/scaling.md.
 
     python bench/virtual.py measure --envs HalfCheetah-v5,Walker2d-v5 --algos aesrl,pcemrl --workers 2,16,128,1024 \\
         --seeds 1,2 --steps 100000 --cost-model cost-model.json [--jobs 2] [--runs DIR] [--out FILE]
@@ -87,17 +88,24 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     from aesrl_queue.virtual import VirtualRun
 
     run_id = f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
-    cfg = RunConfig.from_preset(cell["env"], algo=cell["algo"], seed=cell["seed"], run_id=run_id,
+    # ptd3: the parallel TD3 of bench/parallel_td3.py, on --algo td3's settings (its learner, sizes)
+    algo = "td3" if cell["algo"] == "ptd3" else cell["algo"]
+    cfg = RunConfig.from_preset(cell["env"], algo=algo, seed=cell["seed"], run_id=run_id,
                                 total_steps=cell["steps"], **cell.get("settings", {})).resolve()
     t0 = time.monotonic()
     shutil.rmtree(Path(cell["runs"]) / run_id, ignore_errors=True)  # a cell run again starts over
-    run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
-    summary = run.run()
+    if cell["algo"] == "ptd3":
+        from bench import parallel_td3
+
+        run_dir, summary = parallel_td3.run(cfg, cell["workers"], resolve(cell["cost_model"]), cell["runs"])
+    else:
+        run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
+        summary, run_dir = run.run(), run.run_dir
     return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "settings", "cost_model")},
-            "run_dir": str(run.run_dir),
+            "run_dir": str(run_dir),
             "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
             "wall_s": round(time.monotonic() - t0, 1),
-            **score(read_metrics(run.run_dir), cell["interactions"], cell["thresholds"])}
+            **score(read_metrics(run_dir), cell["interactions"], cell["thresholds"])}
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -306,7 +314,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="mode", required=True)
     m = sub.add_parser("measure", help="the grid of virtual runs (item 3)")
     m.add_argument("--envs", default="HalfCheetah-v5,Walker2d-v5")
-    m.add_argument("--algos", default="aesrl,pcemrl")
+    m.add_argument("--algos", default="aesrl,pcemrl", help="queue algorithms, and ptd3 (bench/parallel_td3.py)")
     m.add_argument("--workers", default="2,16,128,1024")
     m.add_argument("--seeds", default="1,2", help="development seeds only")
     m.add_argument("--steps", type=int, default=100_000, help="budget of stored steps per cell")

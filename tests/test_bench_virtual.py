@@ -1,5 +1,6 @@
 """bench/virtual.py's validate statistics: the two-sample KS statistic, lag quantiles and histogram, and
-the worker gap read off a real run (the runs themselves: bench/virtual.py validate, docs/performance.md §9)."""
+the worker gap read off a real run (the runs themselves: bench/virtual.py validate, docs/performance.md §9);
+the parallel TD3 of its measurement (bench/parallel_td3.py)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,37 @@ def test_worker_gap_is_the_cycle_less_the_duration():
     metrics = [{"type": "update", "random": i < 2, "t": 0.05 * i, "duration": 0.06} for i in range(12)]
     assert worker_gap(metrics, 2) == pytest.approx(0.04)
     assert worker_gap(metrics, 1) == 0.0  # never below 0
+
+
+def _ptd3(tmp_path, workers: int, rate: float, run_id: str, spread: float = 0.0):
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.cost_model import CostModel
+    from bench import parallel_td3
+
+    cfg = RunConfig.from_preset("Pendulum-v1", algo="td3", seed=3, run_id=run_id, total_steps=1600, initial_steps=400,
+                                hidden=(8, 8), critic_hidden=(16, 16), batch_size=32, td3_eval_every=400).resolve()
+    cost = CostModel(env_step_s=1e-3, learner_steps_per_s=rate, duration_spread=spread)
+    return parallel_td3.run(cfg, workers, cost, tmp_path)
+
+
+def test_parallel_td3_is_repeatable_learns_at_its_rate_and_stores_in_completion_order(tmp_path):
+    """bench/parallel_td3.py: the same config and cost model give the same metrics; the learner takes
+    learner_steps_per_s steps per virtual second of learning (three times the rate, three times the
+    steps on the same schedule); episodes of spread durations enter the replay in the order they end,
+    not the order they were handed out; the final actor is a policy file the protocol scores."""
+    from aesrl_queue.metrics import read_metrics
+    from bench.learning import score_snapshot
+
+    a, sa = _ptd3(tmp_path / "a", 4, 100.0, "ptd3", spread=0.5)
+    b, _ = _ptd3(tmp_path / "b", 4, 100.0, "ptd3", spread=0.5)
+    assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
+    assert sa["steps"] >= 1600 and sa["status"] == "finished" and sa["updates"] > 0
+    ups = [u for u in read_metrics(a) if u["type"] == "update"]
+    assert [u["t"] for u in ups] == sorted(u["t"] for u in ups)
+    dispatched = [u["t"] - u["duration"] for u in ups]
+    assert dispatched != sorted(dispatched)  # they entered the replay in another order than handed out
+    assert max(u["lag"] for u in ups) >= 1
+    _, fast = _ptd3(tmp_path / "c", 4, 300.0, "ptd3", spread=0.5)
+    assert fast["updates"] == pytest.approx(3 * sa["updates"], abs=3)
+    got = score_snapshot(a / "policy.npz", [10_000, 10_001])
+    assert len(got["returns"]) == 2 and math.isfinite(got["mean"])
