@@ -7,6 +7,9 @@ of `--algo td3 --learner X`, aesrl_queue.learners.Agent; the replay buffer; the 
 virtual executor, aesrl_queue/cost_model.py), in one process and in virtual time:
 
 - a free worker takes the actor as last published, plays one episode with it now (real compute),
+  unless the learner trails the stored steps by more than critic_lag (after the random phase): then
+  it waits until the learner has caught up, as aesrl's workers wait for its critic (critic_lag 0:
+  never; the workers then run ahead of a slower learner),
   with Gaussian exploration noise (expl_noise), or uniform random actions while the episodes handed
   out hold fewer than initial_steps interactions; the episode ends at dispatch + the cost model's
   job_seconds(its steps) (times its duration_spread factor), and the worker is free again worker_gap_s
@@ -118,11 +121,25 @@ def run(cfg, workers: int, cost, out_dir: str | Path) -> tuple[Path, dict[str, A
             agent.train_step(replay.sample(cfg.batch_size, generator=gen))
             updates += 1
 
+    def caught_up(t: float) -> float:
+        """When the learner trails the stored steps by no more than critic_lag (t if it does at t)."""
+        if not cfg.critic_lag or learn_from is None or stored - cfg.critic_lag <= 0:
+            return t
+        return max(t, learn_from + (stored - cfg.critic_lag) / cost.learner_steps_per_s)
+
     try:
         while stored < budget:
             # hand out episodes to every worker free before the next completion, up to the budget
             while free and handed < budget and (not done or free[0][0] <= done[0][0]):
                 t, w = heapq.heappop(free)
+                ready = caught_up(t)
+                if ready > t:  # held for the learner: free again when it has caught up
+                    heapq.heappush(free, (ready, w))
+                    if not done:  # nothing else happens before: the learner trains up to then
+                        learn(ready)
+                        if updates != published[-1][1]:
+                            published.append((ready, updates, agent.actor_params()))
+                    continue
                 ep = play(t, episodes + len(done))
                 n = len(ep["tr"]["rew"])
                 handed += n

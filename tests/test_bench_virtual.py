@@ -36,13 +36,14 @@ def test_worker_gap_is_the_cycle_less_the_duration():
     assert worker_gap(metrics, 1) == 0.0  # never below 0
 
 
-def _ptd3(tmp_path, workers: int, rate: float, run_id: str, spread: float = 0.0):
+def _ptd3(tmp_path, workers: int, rate: float, run_id: str, spread: float = 0.0, critic_lag: int = 0):
     from aesrl_queue.config import RunConfig
     from aesrl_queue.cost_model import CostModel
     from bench import parallel_td3
 
     cfg = RunConfig.from_preset("Pendulum-v1", algo="td3", seed=3, run_id=run_id, total_steps=1600, initial_steps=400,
-                                hidden=(8, 8), critic_hidden=(16, 16), batch_size=32, td3_eval_every=400).resolve()
+                                hidden=(8, 8), critic_hidden=(16, 16), batch_size=32, td3_eval_every=400,
+                                critic_lag=critic_lag).resolve()
     cost = CostModel(env_step_s=1e-3, learner_steps_per_s=rate, duration_spread=spread)
     return parallel_td3.run(cfg, workers, cost, tmp_path)
 
@@ -68,3 +69,8 @@ def test_parallel_td3_is_repeatable_learns_at_its_rate_and_stores_in_completion_
     assert fast["updates"] == pytest.approx(3 * sa["updates"], abs=3)
     got = score_snapshot(a / "policy.npz", [10_000, 10_001])
     assert len(got["returns"]) == 2 and math.isfinite(got["mean"])
+    # held for the learner (critic_lag): the workers wait, so it trails the stored steps by at most that
+    # much and an episode (the 3 x rate run above, unheld, trained 3 x the steps and no more)
+    _, held = _ptd3(tmp_path / "d", 4, 100.0, "ptd3", critic_lag=300)
+    assert held["updates"] >= held["steps"] - 400 - 300 - 200 > sa["updates"], (held, sa)
+    assert held["virtual"]["virtual_s"] > sa["virtual"]["virtual_s"]
