@@ -21,7 +21,7 @@ same factors): real workers' durations spread (on 2 shared cores, by 0.25-0.65 o
 
 `calibrate` measures the pieces one at a time with one core each. With `workers` it also runs a short
 real `es` run of the config's environment and actor with that many worker processes and fits the
-model to it (`fit_to_workers`): the job durations scaled to the real ones (the machine as loaded by
+model to it (cli/launch.py, `fit_to_workers`): the job durations scaled to the real ones (the machine as loaded by
 those workers), and worker_gap_s and duration_spread read off that run. Both are 0 without it.
 """
 
@@ -258,7 +258,7 @@ def calibrate(cfg, env_steps: int = 3000, actor_steps: int = 60, learner_steps: 
 
 
 # -- fitting to a real run ---------------------------------------------------------------------------------
-def _updates(metrics: list[dict[str, Any]], kind: str | None = None) -> list[dict[str, Any]]:
+def measured_updates(metrics: list[dict[str, Any]], kind: str | None = None) -> list[dict[str, Any]]:
     """A run's update records after its random phase that carry a measured duration (of `kind`, or any)."""
     return [u for u in metrics if u.get("type") == "update" and not u.get("random")
             and isinstance(u.get("duration"), int | float) and (kind is None or u.get("kind") == kind)]
@@ -269,7 +269,7 @@ def duration_spread(metrics: list[dict[str, Any]]) -> float:
     its job kinds' weighted by their results."""
     total, n = 0.0, 0
     for kind in ("es", "rl"):
-        d = [float(u["duration"]) for u in _updates(metrics, kind)]
+        d = [float(u["duration"]) for u in measured_updates(metrics, kind)]
         if len(d) > 2:
             mean = sum(d) / len(d)
             sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
@@ -281,53 +281,8 @@ def worker_gap(metrics: list[dict[str, Any]], workers: int) -> float:
     """A real run's time per job of a worker outside the job's measured duration: the mean cycle of a
     worker (workers × the span of the results after the random phase / their number) less the mean
     duration. Read off an `es` run (an aesrl run's workers also wait for its critic)."""
-    ups = _updates(metrics)
+    ups = measured_updates(metrics)
     if len(ups) < 2:
         return 0.0
     cycle = workers * (ups[-1]["t"] - ups[0]["t"]) / (len(ups) - 1)
     return max(0.0, cycle - sum(u["duration"] for u in ups) / len(ups))
-
-
-def fit_to_workers(cfg, model: CostModel, workers: int, jobs_per_worker: int = 20,
-                   out: str | os.PathLike | None = None) -> tuple[CostModel, dict[str, Any]]:
-    """`model` fitted to a short real `es` run of `cfg`'s environment and actor with `workers` worker
-    processes on an embedded Redis (about jobs_per_worker jobs each): env_step_s and job_overhead_s
-    scaled by the median ratio of a job's real duration to the model's for the same steps, worker_gap_s
-    and duration_spread of that run. `out`: keep the run folder there (default: a temporary folder)."""
-    import shutil
-    import tempfile
-
-    from aesrl_queue.api import train
-    from aesrl_queue.metrics import read_metrics
-
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
-    folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="aesrl-calibrate-"))
-    # an es job plays an antithetic pair of whole episodes
-    steps = workers * jobs_per_worker * 2 * max(1, int(cfg.max_episode_steps))
-    t0 = time.perf_counter()
-    try:
-        run = train(cfg.env_id, algo="es", steps=steps, workers=workers, seed=cfg.seed, out=folder, progress=False,
-                    hidden=tuple(cfg.hidden), activation=cfg.activation, env_kwargs=dict(cfg.env_kwargs),
-                    run_id=f"calibrate-w{workers}")
-        metrics = read_metrics(run.folder / "metrics.jsonl")
-    finally:
-        if out is None:
-            shutil.rmtree(folder, ignore_errors=True)
-    ups = sorted(_updates(metrics, "es"), key=lambda u: u["t"])
-    ratios, before = [], None
-    for u in sorted(_updates(metrics, "es"), key=lambda u: u.get("interactions") or 0):
-        played = (u.get("interactions") or 0) - before if before is not None else None
-        before = u.get("interactions") or 0
-        if played and played > 0 and u["duration"] > 0:
-            ratios.append(u["duration"] / model.job_seconds(played, 0))
-    if len(ups) < 2 or not ratios:
-        raise RuntimeError(f"the {workers}-worker es run told {len(ups)} results: too few to fit to")
-    ratios.sort()
-    k = ratios[len(ratios) // 2]
-    fitted = dataclasses.replace(model, env_step_s=model.env_step_s * k, job_overhead_s=model.job_overhead_s * k,
-                                 worker_gap_s=worker_gap(metrics, workers), duration_spread=duration_spread(metrics))
-    notes = {"workers": workers, "es_results": len(ups), "duration_ratio": k, "env_step_s_one_core": model.env_step_s,
-             "worker_gap_s": fitted.worker_gap_s, "duration_spread": fitted.duration_spread,
-             "fit_wall_s": round(time.perf_counter() - t0, 1)}
-    return fitted, notes

@@ -371,3 +371,49 @@ def launch_virtual_resume(run_dir: Path, given: dict) -> int:
         echo(f"  virtual          {run.workers} workers, {v['virtual_s']:,.1f} s of virtual time, {v['wall_s']:,.1f} s "
              f"of wall time over {1 + len(v['resumes'])} incarnations ({run.run_dir / 'virtual.json'})")
     return code
+
+
+def fit_to_workers(cfg, model, workers: int, jobs_per_worker: int = 20, out: str | os.PathLike | None = None):
+    """`model` (a CostModel) fitted to a short real `es` run of `cfg`'s environment and actor with `workers` worker
+    processes on an embedded Redis (about jobs_per_worker jobs each): env_step_s and job_overhead_s
+    scaled by the median ratio of a job's real duration to the model's for the same steps, worker_gap_s
+    and duration_spread of that run (`aesrl-queue calibrate --workers N`); (the fitted model, notes).
+    `out`: keep the run folder there (default: a temporary folder)."""
+    import dataclasses
+    import tempfile
+
+    from aesrl_queue.api import train
+    from aesrl_queue.cost_model import duration_spread, measured_updates, worker_gap
+    from aesrl_queue.metrics import read_metrics
+
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="aesrl-calibrate-"))
+    # an es job plays an antithetic pair of whole episodes
+    steps = workers * jobs_per_worker * 2 * max(1, int(cfg.max_episode_steps))
+    t0 = time.perf_counter()
+    try:
+        run = train(cfg.env_id, algo="es", steps=steps, workers=workers, seed=cfg.seed, out=folder, progress=False,
+                    hidden=tuple(cfg.hidden), activation=cfg.activation, env_kwargs=dict(cfg.env_kwargs),
+                    run_id=f"calibrate-w{workers}")
+        metrics = read_metrics(run.folder / "metrics.jsonl")
+    finally:
+        if out is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    ups = sorted(measured_updates(metrics, "es"), key=lambda u: u["t"])
+    ratios, before = [], None
+    for u in sorted(measured_updates(metrics, "es"), key=lambda u: u.get("interactions") or 0):
+        played = (u.get("interactions") or 0) - before if before is not None else None
+        before = u.get("interactions") or 0
+        if played and played > 0 and u["duration"] > 0:
+            ratios.append(u["duration"] / model.job_seconds(played, 0))
+    if len(ups) < 2 or not ratios:
+        raise RuntimeError(f"the {workers}-worker es run told {len(ups)} results: too few to fit to")
+    ratios.sort()
+    k = ratios[len(ratios) // 2]
+    fitted = dataclasses.replace(model, env_step_s=model.env_step_s * k, job_overhead_s=model.job_overhead_s * k,
+                                 worker_gap_s=worker_gap(metrics, workers), duration_spread=duration_spread(metrics))
+    notes = {"workers": workers, "es_results": len(ups), "duration_ratio": k, "env_step_s_one_core": model.env_step_s,
+             "worker_gap_s": fitted.worker_gap_s, "duration_spread": fitted.duration_spread,
+             "fit_wall_s": round(time.perf_counter() - t0, 1)}
+    return fitted, notes

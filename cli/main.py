@@ -834,8 +834,9 @@ def calibrate(env_id, config_file, out_file, fit_workers, **kw) -> None:
     and learner): seconds per environment step and per RL actor step, learner steps per second, and the
     round trips of a result and of a μ version, each with one core. Takes under a minute (--workers N
     adds a real run of about 20 jobs per worker); `run --virtual-workers N --cost-model FILE` uses the file."""
-    from aesrl_queue.cost_model import FIELDS, fit_to_workers
+    from aesrl_queue.cost_model import FIELDS
     from aesrl_queue.cost_model import calibrate as measure
+    from cli.launch import fit_to_workers
 
     cfg = build_config(env_id, config_file, **kw)
     model, notes = measure(cfg)
