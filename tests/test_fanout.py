@@ -1,0 +1,197 @@
+"""The fan-out instance (docs/decisions.md): a second redis-server beside the primary that holds what
+every host reads, and that the hosts' replicas follow instead of the primary. On real processes: a
+run whose host replica follows it gets versions, critic and observations but none of the primary's
+RQ, episode or individual keys; a version left there by a commit that failed is never served under
+the number a restarted scheduler publishes again; the replica refuses a client without credentials."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import numpy as np
+import pytest
+import redis
+
+from aesrl_queue.config import RunConfig
+from aesrl_queue.connection import _FANOUT, FANOUT_ENV, connect
+from aesrl_queue.redis_server import RedisServer
+from aesrl_queue.store import CURRENT, FANOUT_FIELD, Fanout, Store, incarnation_token, live_workers, run_token
+from tests.conftest import wait_for
+from tests.faults import check_exactly_once, sleep_config, wait_pid_exit
+from workers import host_replica, jobs, replica
+
+PW, FPW, HPW = "primary-pw", "fanout-pw", "host-pw"
+RUN = "fanout-run"
+# What a host may hold of a run: versions, the current version, the critic, the replay's observations.
+HOST_KEYS = re.compile(r"^aesrl:[^:]+:(dist:\d+|current|critic|obs|obs:count|obs:index)$")
+
+
+@pytest.fixture()
+def primary(tmp_path):
+    server = RedisServer(directory=tmp_path / "primary", password=PW).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture()
+def fanout(tmp_path):
+    server = RedisServer(directory=tmp_path / "fanout", password=FPW,
+                         extra_args=["--repl-diskless-sync-delay", "0"]).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture()
+def fresh(monkeypatch):
+    """This process's readers, contexts and fan-out clients start empty (and are left empty)."""
+    for cache in (replica._READERS, jobs._CONTEXTS, _FANOUT):
+        cache.clear()
+    yield monkeypatch
+    for cache in (replica._READERS, jobs._CONTEXTS, _FANOUT):
+        cache.clear()
+
+
+def _keys(c: redis.Redis) -> list[str]:
+    return sorted(k.decode() for k in c.scan_iter(count=1000))
+
+
+@pytest.mark.slow
+def test_a_host_following_the_fanout_gets_versions_and_critic_and_nothing_else(primary, fanout, procs, tmp_path,
+                                                                              monkeypatch):
+    """scheduler, critic daemon and `aesrl-queue worker` with --fanout-url; the scheduler is killed and
+    started again mid-run; every result applied exactly once."""
+    monkeypatch.setenv(host_replica.PASSWORD_ENV, HPW)
+    p, f = connect(primary.url), connect(fanout.url)
+    cfg = sleep_config(tmp_path / "run.json", mean_s=0.1, total_steps=4000, initial_steps=300)
+    procs.cli("workers", "worker", "--redis-url", primary.url, "--fanout-url", fanout.url, "--processes", "2")
+    wait_for(lambda: len(live_workers(p)) == 2, 90, what="both workers", on_fail=procs.logs)
+    found = re.search(r"host replica on redis://:\*\*\*@127\.0\.0\.1:(\d+)/0 \(replicaof redis://:\*\*\*@127\.0\.0\.1:"
+                      rf"{fanout.port}/0, in sync\)", procs.log("workers"))
+    assert found, procs.log("workers")
+    host = redis.Redis(port=int(found.group(1)), password=HPW)
+    sched = ["scheduler", "start", "--redis-url", primary.url, "--fanout-url", fanout.url]
+    procs.cli("scheduler-1", *sched, "--config", str(cfg), "--run-id", RUN)
+    procs.cli("critic", "critic", "start", "--redis-url", primary.url, "--fanout-url", fanout.url, "--run", RUN)
+    store = Store(p, RUN)
+    wait_for(lambda: store.exists() and store.state()["rl_applied"] >= 2, 120, interval=0.5,
+             what="RL results", on_fail=procs.logs)
+    assert store.state_field(FANOUT_FIELD, cast=str, default="") == f"redis://:***@127.0.0.1:{fanout.port}/0"
+    # kill -9 the scheduler mid-run, start it again: a new incarnation tags what it publishes anew
+    s1 = procs.procs["scheduler-1"]
+    s1.send_signal(signal.SIGKILL)
+    assert wait_pid_exit(s1.pid)
+    tag_before = p.hget(store.key(f"dist:{store.state()['version']}"), "tag")
+    procs.cli("scheduler-2", *sched, "--run", RUN)
+    wait_for(lambda: store.status() == "finished", 240, interval=0.5, what="the run to finish", on_fail=procs.logs)
+    out = check_exactly_once(p, store)
+    st = out["state"]
+    assert st["rl_applied"] >= 4 and st["es_applied"] >= 4, st
+    tag_after = p.hget(store.key(f"dist:{st['version']}"), "tag")
+    assert tag_before.split(b":")[0] == tag_after.split(b":")[0] == run_token(store.config()).encode()
+    assert tag_before != tag_after  # two incarnations
+    # The primary has no replica: the hosts follow the fan-out instance.
+    assert p.info("replication")["connected_slaves"] == 0
+    assert f.info("replication")["connected_slaves"] == 1
+    # The host holds versions, the critic and the observations of the run, and nothing else.
+    wait_for(lambda: host.info("replication")["master_link_status"] == "up", 10, what="the host's link")
+    held = _keys(host)
+    assert any(k.endswith(":critic") for k in held) and any(":dist:" in k for k in held), held
+    assert host.xlen(store.key("obs")) > 0
+    assert all(HOST_KEYS.match(k) for k in held), [k for k in held if not HOST_KEYS.match(k)]
+    assert not any(k.startswith("rq:") for k in held)
+    # Its versions are the primary's: same bytes and tag, none the primary lacks.
+    for k in held:
+        if ":dist:" in k:
+            assert host.hgetall(k) == p.hgetall(k), k
+    # The primary names the critic's version; its weights live on the fan-out instance alone.
+    assert p.hget(store.key("critic"), "weights") is None and f.hget(store.key("critic"), "weights")
+    # Jobs read from the host (the fan-out instance is a fallback they seldom need).
+    assert host.info("stats")["keyspace_hits"] > 0
+    # The replica of the fan-out instance refuses a client without its password.
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=int(found.group(1))).get(store.key("critic"))
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=fanout.port).get(store.key("critic"))
+
+
+def _config(run_id: str = "inc") -> RunConfig:
+    return RunConfig.from_preset("AesrlNull-v0", algo="es", run_id=run_id, hidden=(8, 8), created_at=1000.0,
+                                 env_kwargs={"episode_len": 5}, mean_eval_episodes=1).resolve()
+
+
+def test_a_version_left_by_a_failed_commit_is_never_served_under_its_number(primary, fanout, tmp_path, fresh):
+    """Incarnation A writes dist:6 to the fan-out instance, then its commit fails (the primary never
+    names 6). Incarnation B publishes another dist:6: a job that the primary hands version 6 never gets
+    A's bytes, not from the host replica, not from the fan-out instance; B's once they are there."""
+    p, f = connect(primary.url), connect(fanout.url)
+    host = host_replica.HostReplica(fanout.url, directory=tmp_path / "host").start()
+    try:
+        assert host.wait_synced(20)
+        cfg = _config()
+        store, fan = Store(p, cfg.run_id), None
+        assert store.write_config(cfg)
+        fan = Fanout(store, f)
+        dim = cfg.actor_dim
+        tag_a, tag_b = incarnation_token(cfg), incarnation_token(cfg)
+        assert tag_a != tag_b and tag_a.split(":")[0] == run_token(cfg)
+        fan.publish_dist(6, np.full(dim, 1.0, np.float32), np.full(dim, 1e-3, np.float32), tag_a)  # A's, never committed
+        store.publish_dist(6, np.full(dim, 2.0, np.float32), np.full(dim, 1e-3, np.float32), tag=tag_b)  # B's commit
+        store.set_state(status="running", version=6, **{FANOUT_FIELD: "fan-out"})
+        store.add_inflight("j1", {"kind": "es", "version": 6, "seed": 1})
+        fresh.setenv(FANOUT_ENV, fanout.url)
+        fresh.setenv(replica.READ_URL_ENV, host.url)
+        fresh.setenv(replica.WAIT_ENV, "0.05")
+        wait_for(lambda: host.client().exists(store.key("dist:6")), 10, what="A's dist:6 on the host")
+        ctx = jobs._context(p, cfg.run_id)
+        with pytest.raises(jobs.CodecError):  # A's copy is on the host and the fan-out: neither is taken
+            ctx.begin("j1", b"info")
+        fan.publish_dist(6, np.full(dim, 2.0, np.float32), np.full(dim, 1e-3, np.float32), tag_b)
+        version, mu, _ = ctx.begin("j1", b"info")
+        assert version == 6 and float(mu[0]) == 2.0
+        # A restarted scheduler sweeps what the primary does not hold (a commit's that failed).
+        fan.publish_dist(7, np.full(dim, 3.0, np.float32), np.full(dim, 1e-3, np.float32), tag_a)
+        assert fan.sweep({6}) == 1 and not f.exists(store.key("dist:7"))
+    finally:
+        host.stop()
+
+
+def test_a_restarted_scheduler_copies_its_version_and_sweeps_the_fanout(primary, fanout, fresh):
+    """Scheduler.setup with a fan-out instance: the current version copied there with the primary's tag,
+    a version only the fan-out holds deleted, the pointer and the state field written."""
+    from scheduler.loop import Scheduler
+
+    p, f = connect(primary.url), connect(fanout.url)
+    cfg = _config("setup")
+    s1 = Scheduler(p, connect(primary.url, blocking=True), cfg, fanout=f)
+    s1.setup()
+    store = Store(p, cfg.run_id)
+    v = store.current_version()
+    assert f.hgetall(store.key(f"dist:{v}")) == p.hgetall(store.key(f"dist:{v}"))
+    assert int(f.hget(store.key(CURRENT), "version")) == v
+    first = p.hget(store.key(f"dist:{v}"), "tag")
+    f.hset(store.key(f"dist:{v + 1}"), mapping={"mu": b"x", "var": b"y", "tag": b"stale"})  # a failed commit's
+    f.delete(store.key(f"dist:{v}"))
+    s2 = Scheduler(p, connect(primary.url, blocking=True), cfg, fanout=f)
+    s2.setup()
+    assert not f.exists(store.key(f"dist:{v + 1}"))
+    assert f.hget(store.key(f"dist:{v}"), "tag") == first  # the primary's copy, as committed
+    assert s2.tag != s1.tag and s2.tag.split(":")[0] == first.decode().split(":")[0]
+    # A scheduler without one removes the field: workers then read the primary.
+    Scheduler(p, connect(primary.url, blocking=True), cfg).setup()
+    assert store.state_field(FANOUT_FIELD, cast=str, default=None) is None
+
+
+def test_a_worker_without_the_fanout_url_fails_the_job_with_what_to_do(primary, fresh):
+    p = connect(primary.url)
+    cfg = _config("nourl")
+    store = Store(p, cfg.run_id)
+    assert store.write_config(cfg)
+    store.publish_dist(5, np.zeros(cfg.actor_dim, np.float32), np.full(cfg.actor_dim, 1e-3, np.float32))
+    store.set_state(status="running", version=5, **{FANOUT_FIELD: "redis://:***@10.0.0.9:6380/0"})
+    store.add_inflight("j1", {"kind": "es", "version": 5, "seed": 1})
+    fresh.delenv(FANOUT_ENV, raising=False)
+    with pytest.raises(jobs.JobRejected, match="fan-out instance redis://:\\*\\*\\*@10.0.0.9:6380/0.*--fanout-url"):
+        jobs.evaluate(run=cfg.run_id, job="j1", kind="es", version=5, seed=1, spec_hash=cfg.spec_hash, client=p)
+    failed = store.read_stream("results")
+    assert failed and failed[0][1][b"status"] == b"failed"
