@@ -60,6 +60,8 @@ COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state 
 # at once, as it would unpaced (docs/scaling.md). The pace never holds a worker back: while a commit
 # waits, each read still refills the free slots with jobs on the last published version (_refill).
 PUBLISH_HZ = 10.0
+# Seconds between tries to bring a fan-out instance that failed a write back in line with the primary.
+FANOUT_RETRY_S = 5.0
 
 
 # How the loop words an optimizer's events (name -> level, %-format of its numbers).
@@ -116,7 +118,8 @@ class Scheduler:
         # them. Its keys are written outside the commit's transaction, tagged per incarnation (`tag`).
         self.fan = Fanout(self.store, fanout) if fanout is not None else None
         self.tag: str | None = None  # what published versions carry: the run token, or with a fan-out an incarnation's
-        self.fan_behind = False  # a fan-out write failed: the next commit copies the current version again
+        self.fan_behind = False  # a fan-out write failed: a commit copies the current version again (_fanout_sync)
+        self.fan_retry_at = 0.0  # not before this (self.clock): each try against a dead instance costs its retries
         # Only an optimizer that tells each result at once never reads an RL individual again; one
         # that tells generations keeps its members' keys in its state until the generation closes.
         self.drop_individuals = algorithm(cfg.algo).tells == "result"
@@ -299,7 +302,7 @@ class Scheduler:
         fields = opt.fields()
         if not (pending.results or pending.forget or specs or self.to_delete or not _same(fields, self.written)):
             return
-        if self.fan_behind:
+        if self.fan_behind and self.clock() >= self.fan_retry_at:
             self._fanout_sync()
         pipe = self.r_once.pipeline()
         dropped = self.to_delete
@@ -358,17 +361,20 @@ class Scheduler:
 
     def _to_fanout(self, write) -> None:
         """A write to the fan-out instance, outside the primary's transaction. One that fails leaves the
-        run going (jobs cannot read what is missing there and fail; they are asked again): the next
-        commit copies the current version from the primary again (_fanout_sync)."""
+        run going (jobs cannot read what is missing there and fail; they are asked again), and no
+        write is tried until a commit FANOUT_RETRY_S later copies the current version from the primary
+        again (_fanout_sync)."""
+        if self.fan_behind:
+            return
         try:
             write()
         except redis.exceptions.NoPermissionError as exc:  # PUBLISH, the last command of make_current
             self._not_announcing(exc)
         except (redis.RedisError, OSError) as exc:
-            if not self.fan_behind:
-                log.warning("run %s: the fan-out instance failed a write (%s); the next commits try again",
-                            self.cfg.run_id, exc)
+            log.warning("run %s: the fan-out instance failed a write (%s); trying again in %g s",
+                        self.cfg.run_id, exc, FANOUT_RETRY_S)
             self.fan_behind = True
+            self.fan_retry_at = self.clock() + FANOUT_RETRY_S
 
     def _fanout_sync(self) -> None:
         """The fan-out instance as the primary is (at setup, and after a failed write): the current
