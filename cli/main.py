@@ -269,6 +269,7 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
             fail(f"run: the stored config of {run!r} is unusable: {exc}")
         given = given_options(env_id, config_file, {k: v for k, v in kw.items() if k != "run_id" or v != run})
         cfg = _check_resume(store, stored, given)
+        _check_fanout(store, fanout)
         # `aesrl-queue run` writes a new run's config, then starts this scheduler with --run.
         started = "started_at" in store.state()
         click.echo(f"{'resuming' if started else 'starting'} run {run} ({cfg.algo} on {cfg.env_id})", err=True)
@@ -308,6 +309,18 @@ def _check_resume(store, stored, given):
     if cfg.total_steps != stored.total_steps:
         store.replace_config(cfg)
     return cfg
+
+
+def _check_fanout(store, fanout) -> None:
+    """A run keeps the fan-out instance it started with (or none): its workers and critic daemon decided
+    where to read and write from its state when they first served it (exit 2 otherwise)."""
+    from aesrl_queue.store import FANOUT_FIELD
+
+    named = store.state_field(FANOUT_FIELD, cast=str, default=None)
+    if "started_at" in store.state() and bool(named) != (fanout is not None):
+        fail(f"fanout-url: run {store.run_id} " + (f"was started with the fan-out instance {named}: pass its URL"
+                                                    if named else "was started without a fan-out instance: "
+                                                    "resume it without --fanout-url"))
 
 
 def _force_delete_folder(run_dir) -> None:
