@@ -195,3 +195,50 @@ def test_a_worker_without_the_fanout_url_fails_the_job_with_what_to_do(primary, 
         jobs.evaluate(run=cfg.run_id, job="j1", kind="es", version=5, seed=1, spec_hash=cfg.spec_hash, client=p)
     failed = store.read_stream("results")
     assert failed and failed[0][1][b"status"] == b"failed"
+
+
+def test_a_fanout_that_fails_a_write_is_brought_back_in_line_later(primary, fanout, fresh, caplog):
+    """The scheduler goes on when the fan-out instance does not answer, writes nothing there for
+    FANOUT_RETRY_S, then copies the current version from the primary again."""
+    from aesrl_queue.redis_server import free_port
+    from scheduler import loop
+
+    p, f = connect(primary.url), connect(fanout.url)
+    cfg = _config("outage")
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    s = loop.Scheduler(p, connect(primary.url, blocking=True), cfg, fanout=dead)
+    now = [1000.0]
+    s.clock = lambda: now[0]
+    s.setup()  # the fan-out instance does not answer: the run starts anyway
+    store = Store(p, cfg.run_id)
+    assert s.fan_behind and store.status() == "running" and "fan-out instance failed a write" in caplog.text
+    s.fan = Fanout(store, f)  # the instance answers again
+    s._to_fanout(lambda: pytest.fail("a write tried while the instance is behind"))
+    now[0] += loop.FANOUT_RETRY_S
+    s._fanout_sync()
+    v = store.current_version()
+    assert not s.fan_behind and f.hgetall(store.key(f"dist:{v}")) == p.hgetall(store.key(f"dist:{v}"))
+    assert int(f.hget(store.key(CURRENT), "version")) == v
+
+
+@pytest.mark.slow  # two CLI starts: over a minute on a loaded 2-core machine
+def test_a_run_is_resumed_with_the_fanout_choice_it_started_with(primary, fanout, tmp_path):
+    """`scheduler start --run` refuses (exit 2, one line) to resume a run with a fan-out instance
+    without its URL, and one without with a URL: its workers decided where to read from its state."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, child_env
+
+    p = connect(primary.url)
+    cfg = _config("resume-choice")
+    store = Store(p, cfg.run_id)
+    assert store.write_config(cfg)
+    store.set_state(status="stopped", started_at=1.0, **{FANOUT_FIELD: "redis://:***@127.0.0.1:1/0"})
+    start = [sys.executable, "-m", "cli.main", "scheduler", "start", "--redis-url", primary.url, "--run", cfg.run_id]
+    out = subprocess.run(start, capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "was started with the fan-out instance redis://:***@127.0.0.1:1/0" in out.stderr
+    store.set_state(**{FANOUT_FIELD: None})
+    out = subprocess.run([*start, "--fanout-url", fanout.url], capture_output=True, text=True, env=child_env(),
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "was started without a fan-out instance" in out.stderr, out.stderr
