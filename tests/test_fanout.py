@@ -242,3 +242,32 @@ def test_a_run_is_resumed_with_the_fanout_choice_it_started_with(primary, fanout
     out = subprocess.run([*start, "--fanout-url", fanout.url], capture_output=True, text=True, env=child_env(),
                          cwd=ROOT, timeout=120)
     assert out.returncode == 2 and "was started without a fan-out instance" in out.stderr, out.stderr
+
+
+def test_the_fanout_acl_user_of_the_docs_writes_and_replicates(fanout, primary, tmp_path):
+    """docs/security.md's one user of the fan-out instance: the scheduler's, critic's and workers' writes
+    there (scripts and the announcement included) and a host replica following it as that user."""
+    admin = connect(fanout.url)
+    admin.execute_command("ACL", "SETUSER", "aesrl", "on", ">fan-user-pw", "resetkeys", "~aesrl:*", "resetchannels",
+                          "&aesrl:*", "+@all", "-@dangerous", "+info", "+psync", "+replconf", "+ping")
+    url = f"redis://aesrl:fan-user-pw@127.0.0.1:{fanout.port}/0"
+    host = host_replica.HostReplica(url, directory=tmp_path / "host").start()
+    try:
+        assert host.wait_synced(20), (host.server.directory / "replica.conf").read_text()
+        cfg = _config("acl")
+        store = Store(connect(primary.url), cfg.run_id)
+        assert store.write_config(cfg)
+        fan = Fanout(store, connect(url))
+        dim = cfg.actor_dim
+        fan.publish_dist(3, np.zeros(dim, np.float32), np.ones(dim, np.float32), incarnation_token(cfg))
+        fan.make_current(3)
+        fan.publish_critic(1, {"critic": np.zeros(4, np.float32)})
+        ep = {"obs": np.zeros((5, cfg.obs_dim), np.float32)}
+        fan.append_obs([("j1", ep), ("j1:mu", ep)])
+        wait_for(lambda: host.client().xlen(store.key("obs")) == 2, 10, what="the observations on the host")
+        assert host.client().hget(store.key(CURRENT), "version") == b"3"
+        assert not [e for e in admin.acl_log() if e.get("username") == "aesrl"], admin.acl_log()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            connect(url).set("other", "x")
+    finally:
+        host.stop()
