@@ -152,6 +152,8 @@ class Scheduler:
             mu0 = init_actor_params(cfg.obs_dim, cfg.act_dim, cfg.max_action, tuple(cfg.hidden), cfg.activation,
                                     seed=cfg.seed)
             self.opt = make_optimizer(cfg, mu0)
+            if self.fan is not None:  # a run's earlier namesake may have left observations there
+                self._to_fanout(self.fan.delete)
             now = time.time()
             pipe = self.r.pipeline()
             store.publish_dist(self.opt.version, self.opt.mean, self.opt.var, pipe=pipe, tag=self.tag)

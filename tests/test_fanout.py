@@ -163,9 +163,11 @@ def test_a_restarted_scheduler_copies_its_version_and_sweeps_the_fanout(primary,
 
     p, f = connect(primary.url), connect(fanout.url)
     cfg = _config("setup")
+    store = Store(p, cfg.run_id)
+    f.xadd(store.key("obs"), {"len": 1, "obs": b"an earlier run's"})  # a namesake's, deleted at the start
     s1 = Scheduler(p, connect(primary.url, blocking=True), cfg, fanout=f)
     s1.setup()
-    store = Store(p, cfg.run_id)
+    assert not f.exists(store.key("obs"))
     v = store.current_version()
     assert f.hgetall(store.key(f"dist:{v}")) == p.hgetall(store.key(f"dist:{v}"))
     assert int(f.hget(store.key(CURRENT), "version")) == v
