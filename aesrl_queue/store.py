@@ -125,17 +125,27 @@ res[#res + 1] = inter
 return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(res))
 """
 
-# The observations of a job's episodes on the fan-out instance, each its own entry bounded like the
-# replay (`cap` transitions). KEYS: obs, obs:count, obs:index. ARGV: capacity, number of episodes, then
-# per episode its n, number of args and args...
-_STORE_OBS = _APPEND_EPISODE + """
-local cap, i = tonumber(ARGV[1]), 3
-for _e = 1, tonumber(ARGV[2]) do
-  local n, na = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  append_episode({unpack(ARGV, i + 2, i + 1 + na)}, n, 0, cap)
-  i = i + 2 + na
+# The bound of the observations on the fan-out instance (`cap` transitions, as the replay's), run in
+# the MULTI/EXEC that appends their entries with plain XADDs: the blobs never pass through Lua, which
+# copies each argument (173 µs of Redis per 68 KB entry against 35 for the XADD alone). The index
+# holds each entry's length in stream order, so dropping its k oldest is an exact trim to XLEN - k.
+# KEYS: obs, obs:count, obs:index. ARGV: capacity, then the n of each entry just appended.
+_BOUND_OBS = """
+local cap = tonumber(ARGV[1])
+local held = 0
+for i = 2, #ARGV do
+  redis.call('RPUSH', KEYS[3], ARGV[i])
+  held = redis.call('HINCRBY', KEYS[2], 'held', tonumber(ARGV[i]))
 end
-return i
+local k = 0
+while held > cap do
+  local head = redis.call('LPOP', KEYS[3])
+  if not head then break end
+  held = redis.call('HINCRBY', KEYS[2], 'held', -tonumber(head))
+  k = k + 1
+end
+if k > 0 then redis.call('XTRIM', KEYS[1], 'MAXLEN', redis.call('XLEN', KEYS[1]) - k) end
+return held
 """
 
 # A worker starts a job: atomically check the job is still wanted, and record which version this job
@@ -820,7 +830,7 @@ class Fanout:
 
     def __init__(self, store: Store, client: redis.Redis) -> None:
         self.store, self.r = store, client
-        self._store_obs = client.register_script(_STORE_OBS)
+        self._bound_obs = client.register_script(_BOUND_OBS)
 
     def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, tag: str) -> None:
         """dist:{version} with the tag of the incarnation that publishes it (incarnation_token), before
@@ -870,14 +880,17 @@ class Fanout:
     def append_obs(self, episodes: list[tuple[str, dict[str, np.ndarray]]]) -> None:
         """The observations of (entry name, transitions) episodes, each its own entry of `obs`, trimmed to
         the run's replay capacity as the replay is."""
-        args: list[Any] = []
+        if not episodes:
+            return
+        keys = [self.store.key(OBS), self.store.key("obs:count"), self.store.key("obs:index")]
+        pipe = self.r.pipeline(transaction=True)
+        sizes = []
         for name, tr in episodes:
             obs = np.ascontiguousarray(tr["obs"], dtype="<f4")
-            ep = ["len", int(obs.shape[0]), "job", name, "obs", obs.tobytes()]
-            args += [int(obs.shape[0]), len(ep), *ep]
-        if episodes:
-            self._store_obs(keys=[self.store.key(OBS), self.store.key("obs:count"), self.store.key("obs:index")],
-                            args=[self.store.config().replay_capacity, len(episodes), *args])
+            sizes.append(int(obs.shape[0]))
+            pipe.xadd(keys[0], {"len": sizes[-1], "job": name, "obs": codec.array_view(obs.reshape(-1))})
+        self._bound_obs(keys=keys, args=[self.store.config().replay_capacity, *sizes], client=pipe)
+        pipe.execute()
 
     def delete(self) -> int:
         """Remove every key of the run from the fan-out instance."""

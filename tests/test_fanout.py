@@ -273,3 +273,30 @@ def test_the_fanout_acl_user_of_the_docs_writes_and_replicates(fanout, primary, 
             connect(url).set("other", "x")
     finally:
         host.stop()
+
+
+def test_the_observations_are_bounded_by_the_replay_capacity_oldest_first(fanout, primary, fresh):
+    """Entries of varied lengths: what stays is the newest entries whose lengths sum to at most the
+    capacity, each decodable as a job's mirror reads it."""
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id="bound", hidden=(8, 8), replay_capacity=100,
+                                env_kwargs={"episode_len": 5}).resolve()
+    store = Store(connect(primary.url), cfg.run_id)
+    assert store.write_config(cfg)
+    f = connect(fanout.url)
+    fan = Fanout(store, f)
+    lengths = [30, 50, 10, 40, 5, 70, 20, 20, 1]
+    for i, n in enumerate(lengths):
+        obs = np.full((n, cfg.obs_dim), float(i), np.float32)
+        fan.append_obs([(f"j{i}", {"obs": obs})] + ([(f"j{i}:mu", {"obs": obs[:1]})] if i % 2 else []))
+    added = [e for i, n in enumerate(lengths) for e in [(f"j{i}", n)] + ([(f"j{i}:mu", 1)] if i % 2 else [])]
+    kept, total = [], 0
+    for name, n in reversed(added):
+        if total + n > cfg.replay_capacity:
+            break
+        kept.insert(0, name)
+        total += n
+    rows = store.read_stream("obs", count=1000, client=f)
+    assert [r[1][b"job"].decode() for r in rows] == kept
+    assert int(f.hget(store.key("obs:count"), "held")) == total == sum(int(r[1][b"len"]) for r in rows)
+    ep = store.decode_episode(*rows[-1], obs_only=True)
+    assert ep["obs"].shape == (1, cfg.obs_dim) and float(ep["obs"][0, 0]) == len(lengths) - 1
