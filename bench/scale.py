@@ -231,6 +231,11 @@ def _sum(counts) -> dict[str, int]:
     return out
 
 
+def command_usec(client: redis.Redis) -> dict[str, int]:
+    """Microseconds each command has taken on this server so far (INFO commandstats)."""
+    return {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in client.info("commandstats").items()}
+
+
 def box_busy_s() -> float:
     """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -364,6 +369,7 @@ class Point:
                     "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(),
                     "net": _sum(net_bytes(c) for c in [client] + ([fan_client] if fan_client else [])),
                     "fan_net": net_bytes(fan_client) if fan_client else {"in": 0, "out": 0, "repl_out": 0},
+                    "usec": {name: command_usec(c) for name, c in (("primary", client), ("fanout", fan_client)) if c},
                     "cmds": int(client.info("stats")["total_commands_processed"]),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
                     "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats),
@@ -433,6 +439,11 @@ class Point:
             # Of that, the replication stream to the host replicas (Redis's own count of it).
             "repl_MB_per_result_per_host": net["repl_out"] / per / 1e6 / max(1, len(reps)),
             "loadavg": list(os.getloadavg()),
+            # Where each instance's command time went (INFO commandstats: the commands' own execution, not
+            # the reading and writing of sockets nor replication), µs per result, the eight largest.
+            "command_us_per_result": {name: dict(sorted(((k, round((v - a["usec"][name].get(k, 0)) / per, 1))
+                                                         for k, v in b["usec"][name].items()),
+                                                        key=lambda kv: -kv[1])[:8]) for name in b["usec"]},
             # What the busiest host replica holds at the end of the window (this run's keys and RQ's).
             "replica_used_MB": max((c.info("memory")["used_memory"] / 1e6 for c in rep_clients), default=0.0),
         }
