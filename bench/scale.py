@@ -231,6 +231,10 @@ def _sum(counts) -> dict[str, int]:
     return out
 
 
+def _run_bytes(client: redis.Redis, prefix: str) -> int:
+    return sum(client.memory_usage(k, samples=0) or 0 for k in client.scan_iter(match=prefix + "*", count=1000))
+
+
 def command_usec(client: redis.Redis) -> dict[str, int]:
     """Microseconds each command has taken on this server so far (INFO commandstats)."""
     return {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in client.info("commandstats").items()}
@@ -446,6 +450,9 @@ class Point:
                                                         key=lambda kv: -kv[1])[:8]) for name in b["usec"]},
             # What the busiest host replica holds at the end of the window (this run's keys and RQ's).
             "replica_used_MB": max((c.info("memory")["used_memory"] / 1e6 for c in rep_clients), default=0.0),
+            # Of it, the run's own keys (MEMORY USAGE of each key under its prefix) on the busiest host: the
+            # rest is Redis's own, RQ's records (a replica of the primary) and the replies being sent.
+            "replica_run_MB": max((_run_bytes(c, store.prefix) / 1e6 for c in rep_clients), default=0.0),
         }
 
 
