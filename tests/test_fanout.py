@@ -300,3 +300,28 @@ def test_the_observations_are_bounded_by_the_replay_capacity_oldest_first(fanout
     assert int(f.hget(store.key("obs:count"), "held")) == total == sum(int(r[1][b"len"]) for r in rows)
     ep = store.decode_episode(*rows[-1], obs_only=True)
     assert ep["obs"].shape == (1, cfg.obs_dim) and float(ep["obs"][0, 0]) == len(lengths) - 1
+
+
+def test_a_restarted_critic_daemon_never_reuses_a_number_the_fanout_holds(primary, fanout, fresh):
+    """A daemon that wrote version 5 to the fan-out instance and died before the primary named it: its
+    successor publishes 6, weights on the fan-out instance, the version alone on the primary."""
+    from workers.critic import CriticDaemon, FanoutMissing
+
+    p, f = connect(primary.url), connect(fanout.url)
+    cfg = RunConfig.from_preset("AesrlNull-v0", run_id="critic-fan", hidden=(8, 8), critic_hidden=(16, 16),
+                                batch_size=32).resolve()
+    store = Store(p, cfg.run_id)
+    assert store.write_config(cfg)
+    store.set_state(**{FANOUT_FIELD: "redis://127.0.0.1:1/0"})
+    with pytest.raises(FanoutMissing, match="--fanout-url"):
+        CriticDaemon(p, p, cfg.run_id, device="cpu")
+    store.publish_critic(3, None)
+    Fanout(store, f).publish_critic(5, {"critic": np.zeros(4, np.float32)})  # the dead daemon's last
+    d = CriticDaemon(p, p, cfg.run_id, device="cpu", fanout=f)
+    d.restore()
+    assert d.version == 5
+    d.publish({"loss": 0.0})
+    assert store.critic_version() == 6 and Fanout(store, f).critic_version() == 6
+    assert p.hget(store.key("critic"), "weights") is None
+    ctx_weights = store.critic_blob(client=f, tag=run_token(cfg).encode())
+    assert ctx_weights is not None and ctx_weights[0] == 6
