@@ -325,3 +325,19 @@ def test_a_restarted_critic_daemon_never_reuses_a_number_the_fanout_holds(primar
     assert p.hget(store.key("critic"), "weights") is None
     ctx_weights = store.critic_blob(client=f, tag=run_token(cfg).encode())
     assert ctx_weights is not None and ctx_weights[0] == 6
+
+
+def test_status_names_the_fanout_instance_as_what_a_host_falls_back_to(primary):
+    from aesrl_queue.store import host_beat, worker_beat
+    from cli.report import gather
+
+    p = connect(primary.url)
+    cfg = _config("st-fan")
+    store = Store(p, cfg.run_id)
+    assert store.write_config(cfg)
+    store.set_state(status="running", **{FANOUT_FIELD: "redis://:***@10.0.0.2:6380/0"})
+    host_beat(p, "hostA:1", {"host": "hostA", "pid": 1, "link": "up", "lag_bytes": 0, "io_s": 0, "restarts": 0})
+    worker_beat(p, "w1", {"name": "w1", "host": "hostA", "pid": 2, "fallbacks": 3})
+    s = gather(p, cfg.run_id)
+    assert s["problem"].startswith("host hostA reads from the fan-out instance: 3 fallbacks")
+    assert s["problem_hint"] == "host hostA falls back to the fan-out instance"
