@@ -312,3 +312,22 @@ def wait_until_reachable(client: redis.Redis, what: str, error: BaseException | 
             time.sleep(delay)
         delay = min(cap, delay * 2)
     return False
+
+
+FANOUT_ENV = "AESRL_FANOUT_URL"
+_FANOUT: dict[str, redis.Redis] = {}
+
+
+def fanout_url(url: str | None = None) -> str | None:
+    """The fan-out instance's URL: `url`, else $AESRL_FANOUT_URL, else None (the primary serves)."""
+    return url or os.environ.get(FANOUT_ENV) or None
+
+
+def fanout_client(url: str | None = None) -> redis.Redis | None:
+    """This process's client of the fan-out instance (docs/decisions.md), None when none is named."""
+    url = fanout_url(url)
+    if url is None:
+        return None
+    if url not in _FANOUT:
+        _FANOUT[url] = connect(url)
+    return _FANOUT[url]

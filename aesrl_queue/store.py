@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import math
+import secrets
 import time
 import zlib
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ HISTORY, RESULTS, REPLAY, REFS = "history", "results", "replay", "refs"
 # The pub/sub channel under a run's prefix on which each published version is announced (its number),
 # right after the commit that writes it: replicas deliver it to their subscribers after the bytes.
 ANNOUNCE = "versions"
+# The names under a run's prefix that only the fan-out instance holds (a run with one: FANOUT_FIELD in
+# its state): the current version's number (the primary keeps it in `state`), and the replay's
+# observations that RL jobs sample, with the index that bounds them as `replay:index` bounds the replay.
+CURRENT, OBS = "current", "obs"
+FANOUT_FIELD = "fanout"  # state field: the fan-out instance of the run (its address, no password)
 # save_checkpoint's parts: the key under the run's prefix, and what a decoding error names.
 CHECKPOINTS = {"optimizer": ("optimizer", "optimizer state"), "critic": ("critic:ckpt", "critic checkpoint"),
                "td3": ("td3:ckpt", "td3 checkpoint")}
@@ -119,6 +125,28 @@ res[#res + 1] = inter
 return redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(res))
 """
 
+# The bound of the observations on the fan-out instance (`cap` transitions, as the replay's), run in
+# the MULTI/EXEC that appends their entries with plain XADDs: the blobs never pass through Lua, which
+# copies each argument (173 µs of Redis per 68 KB entry against 35 for the XADD alone). The index
+# holds each entry's length in stream order, so dropping its k oldest is an exact trim to XLEN - k.
+# KEYS: obs, obs:count, obs:index. ARGV: capacity, then the n of each entry just appended.
+_BOUND_OBS = """
+local cap = tonumber(ARGV[1])
+local held = 0
+for i = 2, #ARGV do
+  redis.call('RPUSH', KEYS[3], ARGV[i])
+  held = redis.call('HINCRBY', KEYS[2], 'held', tonumber(ARGV[i]))
+end
+local k = 0
+while held > cap do
+  local head = redis.call('LPOP', KEYS[3])
+  if not head then break end
+  held = redis.call('HINCRBY', KEYS[2], 'held', -tonumber(head))
+  k = k + 1
+end
+if k > 0 then redis.call('XTRIM', KEYS[1], 'MAXLEN', redis.call('XLEN', KEYS[1]) - k) end
+return held
+"""
 
 # A worker starts a job: atomically check the job is still wanted, and record which version this job
 # uses, so the scheduler keeps that version until the result is in. Returns the version and the
@@ -135,7 +163,8 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[1], v)
 return {v, redis.call('HGET', ARGV[3] .. 'critic', 'version'), redis.call('HGET', ARGV[3] .. 'dist:' .. v, 'tag')}
 """
-# Read-only: the current version and its μ (for the evaluation of the mean). KEYS: state. ARGV: prefix.
+# Read-only: the current version and its μ (for the evaluation of the mean). KEYS: state (or, on the
+# fan-out instance, `current`). ARGV: prefix.
 _READ_MU = """
 local v = redis.call('HGET', KEYS[1], 'version')
 if not v then return false end
@@ -225,6 +254,20 @@ def run_token(cfg: RunConfig) -> str:
     """What tells a run from an earlier one of the same id (its creation time): published versions
     and critics carry it, so a host's copy of a deleted run's data is never taken for this run's."""
     return repr(float(cfg.created_at))
+
+
+def incarnation_token(cfg: RunConfig) -> str:
+    """The run token and a random part of one scheduler incarnation (each setup): what the versions a
+    run with a fan-out instance publishes carry, on the primary and on the fan-out instance alike. The
+    fan-out copy is written before the primary's commit, so a commit that then fails can leave a
+    version there that a restart publishes again under the same number with other bytes: its tag
+    differs from the one the primary names, so no job takes it. The part before ':' is the run token."""
+    return f"{run_token(cfg)}:{secrets.token_hex(6)}"
+
+
+def same_run(tag: bytes, token: bytes) -> bool:
+    """Whether a version's `tag` (a run token, or an incarnation token) is of the run of `token`."""
+    return tag.split(b":", 1)[0] == token
 
 
 def announce(store: Store, version: int) -> None:
@@ -326,15 +369,16 @@ class Store:
         return _text(value) if value is not None else "unknown"
 
     # -- search distribution versions -------------------------------------------------------------
-    def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, pipe=None, read_refs: bool = False) -> None:
-        """Write dist:{version}; with `read_refs` also queue an HVALS of `refs` (the version each
-        started job uses) on `pipe`, read in the same transaction."""
+    def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, pipe=None, read_refs: bool = False,
+                     tag: str | None = None) -> None:
+        """Write dist:{version} carrying `tag` (default: the run token); with `read_refs` also queue an
+        HVALS of `refs` (the version each started job uses) on `pipe`, read in the same transaction."""
         c = pipe or self.r
         c.hset(
             self.key(dist_name(version)),
             # Views, not copies: the pipeline sends them before anyone could change the arrays.
             mapping={"mu": codec.array_view(mu), "var": codec.array_view(var), "version": version,
-                     "tag": run_token(self.config())},
+                     "tag": tag or run_token(self.config())},
         )
         if read_refs:
             c.hvals(self.key("refs"))
@@ -395,9 +439,10 @@ class Store:
         keys = [self.key("state"), self.key("inflight"), self.key("started"), self.key("refs")]
         return self._start_job(keys=keys, args=[job, info, self.prefix]) or None
 
-    def read_current_mu(self, client: redis.Redis | None = None) -> list | None:
-        """[current version, its μ blob] in one atomic read (on `client`, e.g. a replica)."""
-        return self._read_mu(keys=[self.key("state")], args=[self.prefix], client=client or self.r) or None
+    def read_current_mu(self, client: redis.Redis | None = None, pointer: str = "state") -> list | None:
+        """[current version, its μ blob] in one atomic read (on `client`, e.g. a replica); `pointer` is
+        the hash whose `version` names it (CURRENT on a fan-out instance)."""
+        return self._read_mu(keys=[self.key(pointer)], args=[self.prefix], client=client or self.r) or None
 
     def dist_blobs(self, version: int, client: redis.Redis | None = None,
                    tag: bytes | None = None) -> tuple[bytes, bytes] | None:
@@ -477,8 +522,8 @@ class Store:
                     client: redis.Redis | None = None) -> list[tuple[str, dict]]:
         """Up to `count` entries of the `replay` or `results` stream after `after` (raw fields; decode
         them with decode_episode or decode_result); blocks up to block_ms when given and nothing is new."""
-        if name not in (REPLAY, RESULTS):
-            raise ValueError(f"read_stream reads replay or results, not {name!r}")
+        if name not in (REPLAY, RESULTS, OBS):
+            raise ValueError(f"read_stream reads replay, results or obs, not {name!r}")
         c = client or self.r
         if block_ms is None:
             rows = c.xrange(self.key(name), min=f"({after}" if after != "0-0" else "-", count=count)
@@ -514,9 +559,13 @@ class Store:
         return codec.decode_array(self.r.get(key), size=self.config().actor_dim, what=key)
 
     # -- critic -----------------------------------------------------------------------------------
-    def publish_critic(self, version: int, weights: dict[str, np.ndarray], pipe=None) -> None:
-        (pipe or self.r).hset(self.key("critic"), mapping={"version": version, "weights": codec.pack(weights),
-                                                            "tag": run_token(self.config())})
+    def publish_critic(self, version: int, weights: dict[str, np.ndarray] | None, pipe=None) -> None:
+        """The critic's version and weights (without weights, a run with a fan-out instance, which holds
+        them: the primary names the version only)."""
+        fields = {"version": version, "tag": run_token(self.config())}
+        if weights is not None:
+            fields["weights"] = codec.pack(weights)
+        (pipe or self.r).hset(self.key("critic"), mapping=fields)
 
     def critic_version(self, client: redis.Redis | None = None) -> int:
         value = (client or self.r).hget(self.key("critic"), "version")
@@ -770,3 +819,80 @@ class VirtualJobs:
     def drop(self, jobs: list[str]) -> None:
         if jobs:
             self.r.hdel(self.key, *jobs)
+
+
+class Fanout:
+    """A run's keys on its fan-out instance (docs/decisions.md): the Redis beside the primary that the
+    hosts' replicas follow instead of the primary, holding only what hosts read: dist:{v} as the
+    primary holds it (tag included), `current` (the current version's number) and its announcements,
+    the critic's weights, and `obs` (the replay's observations that RL jobs sample). Its writers write
+    it outside the primary's transactions. Apart from Store, which holds what every run has."""
+
+    def __init__(self, store: Store, client: redis.Redis) -> None:
+        self.store, self.r = store, client
+        self._bound_obs = client.register_script(_BOUND_OBS)
+
+    def publish_dist(self, version: int, mu: np.ndarray, var: np.ndarray, tag: str) -> None:
+        """dist:{version} with the tag of the incarnation that publishes it (incarnation_token), before
+        the primary's commit that makes it current."""
+        self.store.publish_dist(version, mu, var, pipe=self.r, tag=tag)
+
+    def copy_dist(self, version: int) -> bool:
+        """dist:{version} copied from the primary as it is there, bytes and tag (a restarted scheduler's
+        current version); False when the primary does not hold it."""
+        key = self.store.key(dist_name(version))
+        raw = self.store.r.hgetall(key)
+        if raw:
+            self.r.hset(key, mapping=raw)
+        return bool(raw)
+
+    def make_current(self, version: int, dropped: list[int] = (), announce: bool = True) -> None:
+        """After the primary's commit: drop the versions it dropped, name `version` current, and
+        announce it (NoPermissionError, raised last, where the user may not publish)."""
+        pipe = self.r.pipeline(transaction=False)
+        if dropped:
+            pipe.delete(*(self.store.key(dist_name(v)) for v in dropped))
+        pipe.hset(self.store.key(CURRENT), "version", version)
+        if announce:
+            pipe.publish(self.store.key(ANNOUNCE), version)
+        pipe.execute()
+
+    def drop(self, versions: list[int]) -> None:
+        if versions:
+            self.r.delete(*(self.store.key(dist_name(v)) for v in versions))
+
+    def sweep(self, keep: set[int]) -> int:
+        """Delete the versions the primary does not hold (left by a commit that failed); their number."""
+        gone = []
+        for key in self.r.scan_iter(match=self.store.key("dist:*"), count=1000):
+            tail = _text(key).rsplit(":", 1)[1]
+            if tail.isdigit() and int(tail) not in keep:
+                gone.append(int(tail))
+        self.drop(gone)
+        return len(gone)
+
+    def publish_critic(self, version: int, weights: dict[str, np.ndarray]) -> None:
+        self.store.publish_critic(version, weights, pipe=self.r)
+
+    def critic_version(self) -> int:
+        return self.store.critic_version(client=self.r)
+
+    def append_obs(self, episodes: list[tuple[str, dict[str, np.ndarray]]]) -> None:
+        """The observations of (entry name, transitions) episodes, each its own entry of `obs`, trimmed to
+        the run's replay capacity as the replay is."""
+        if not episodes:
+            return
+        keys = [self.store.key(OBS), self.store.key("obs:count"), self.store.key("obs:index")]
+        pipe = self.r.pipeline(transaction=True)
+        sizes = []
+        for name, tr in episodes:
+            obs = np.ascontiguousarray(tr["obs"], dtype="<f4")
+            sizes.append(int(obs.shape[0]))
+            pipe.xadd(keys[0], {"len": sizes[-1], "job": name, "obs": codec.array_view(obs.reshape(-1))})
+        self._bound_obs(keys=keys, args=[self.store.config().replay_capacity, *sizes], client=pipe)
+        pipe.execute()
+
+    def delete(self) -> int:
+        """Remove every key of the run from the fan-out instance."""
+        keys = list(self.r.scan_iter(match=self.store.prefix + "*", count=1000))
+        return self.r.delete(*keys) if keys else 0

@@ -44,7 +44,7 @@ from rq.timeouts import BaseDeathPenalty  # noqa: E402
 
 from aesrl_queue import codec  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
-from aesrl_queue.store import Store, live_workers  # noqa: E402
+from aesrl_queue.store import OBS, REPLAY, Fanout, Store, live_workers  # noqa: E402
 from bench.overhead import Children, proc_cpu_s  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale.json"
@@ -127,6 +127,8 @@ def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, 
               "len": episode_len, "f_mu": float(0.25 * rng.standard_normal()), "f_mu_version": f_mu_version,
               "ind": ind_key, "eval_steps": 0, "duration": time.monotonic() - t0, "train_time": train_s}
     ctx.store.finish_job(_episode(episode_len), job, fields, keep=ctx.keeps_replay)  # as workers.jobs does
+    if ctx.fan is not None and ctx.keeps_replay:  # and the observations, to a run's fan-out instance
+        ctx.fan.append_obs([(job, _episode(episode_len))])
     return {"job": job}
 
 
@@ -141,11 +143,12 @@ def _rl_reads(ctx) -> None:
         else:
             reader.critic(store, at_least=version)
         ctx.critic_version = version
+    stream = REPLAY if ctx.fan is None else OBS
     while True:
         if reader is None:
-            rows = store.read_stream("replay", ctx.mirror_last, count=500)
+            rows = store.read_stream(stream, ctx.mirror_last, count=500)
         else:
-            rows = reader.read(lambda c: store.read_stream("replay", ctx.mirror_last, count=500, client=c))
+            rows = reader.read(lambda c: store.read_stream(stream, ctx.mirror_last, count=500, client=c))
         if not rows:
             return
         ctx.mirror_last = rows[-1][0]
@@ -179,6 +182,10 @@ def host_main(args: argparse.Namespace) -> None:
     import aesrl_queue.numpy_actor  # noqa: F401 - what the first job would import (before heartbeats start)
     if args.read_url:
         os.environ["AESRL_READ_URL"] = args.read_url
+    if args.fanout_url:
+        from aesrl_queue.connection import FANOUT_ENV
+
+        os.environ[FANOUT_ENV] = args.fanout_url
 
     SimJob.sim = (args.episode_s, args.episode_len, args.train_s)
 
@@ -216,6 +223,23 @@ def host_main(args: argparse.Namespace) -> None:
 
 
 # == measurement ============================================================================================
+def _sum(counts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _run_bytes(client: redis.Redis, prefix: str) -> int:
+    return sum(client.memory_usage(k, samples=0) or 0 for k in client.scan_iter(match=prefix + "*", count=1000))
+
+
+def command_usec(client: redis.Redis) -> dict[str, int]:
+    """Microseconds each command has taken on this server so far (INFO commandstats)."""
+    return {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in client.info("commandstats").items()}
+
+
 def box_busy_s() -> float:
     """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -242,7 +266,8 @@ class Point:
     """One scale point: a fresh primary (+ replicas), hosts of simulated workers, a scheduler."""
 
     def __init__(self, workers: int, copy: str, rl_share: float, args: argparse.Namespace, tmp: Path) -> None:
-        """`copy`: what each host reads the run's data from: "" (the primary) or "replica" (its host replica)."""
+        """`copy`: what each host reads the run's data from: "" (the primary), "replica" (its host replica of
+        the primary) or "fanout" (its host replica of a fan-out instance beside the primary)."""
         self.n, self.copy, self.rl_share, self.args = workers, copy, rl_share, args
         self.tmp = tmp / f"w{workers}-rl{rl_share:g}-{copy or 'plain'}"
         self.tmp.mkdir(parents=True)
@@ -269,6 +294,14 @@ class Point:
             "--client-output-buffer-limit", "replica 1gb 512mb 60", "--maxclients", "20000"]).start()
         self.servers.append(primary)
         client = redis.Redis.from_url(primary.url, socket_timeout=30)
+        fan = None  # the fan-out instance (copy "fanout"): what the hosts' replicas follow instead of the primary
+        if self.copy == "fanout":
+            fan = RedisServer(directory=self.tmp / "fanout", extra_args=[
+                "--repl-diskless-sync-delay", "0", "--repl-backlog-size", "256mb",
+                "--client-output-buffer-limit", "replica 1gb 512mb 60", "--maxclients", "20000"]).start()
+            self.servers.append(fan)
+        fan_client = redis.Redis.from_url(fan.url, socket_timeout=30) if fan else None
+        redises = [primary] + ([fan] if fan else [])
         n_hosts = max(1, math.ceil(self.n / args.per_host))
         sizes = [self.n // n_hosts + (1 if h < self.n % n_hosts else 0) for h in range(n_hosts)]
         reps: list[RedisServer] = []
@@ -276,7 +309,7 @@ class Point:
             from workers.host_replica import HostReplica
 
             for h in range(n_hosts):  # what `aesrl-queue worker` starts on each host (its supervisor too)
-                host = HostReplica(primary.url, directory=self.tmp / f"{self.copy}{h}").start()
+                host = HostReplica((fan or primary).url, directory=self.tmp / f"{self.copy}{h}").start()
                 self.host_replicas.append(host)
                 self.servers.append(host.server)
                 reps.append(host.server)
@@ -287,6 +320,8 @@ class Point:
                    "--train-s", str(args.train_s)]
             if reps:
                 cmd += ["--read-url", reps[h].url, "--stats", str(self.tmp / f"host{h}.json")]
+            if fan:
+                cmd += ["--fanout-url", fan.url]
             hosts.append(self.kids.start(f"host{h}", cmd))
         # The scheduler starts beside them: it sizes the jobs in flight by the heartbeats it sees.
         run_id = f"scale-{self.n}-{uuid.uuid4().hex[:6]}"
@@ -297,16 +332,18 @@ class Point:
             "mean_eval_episodes": 1, "initial_steps": 0,
         }))
         if self.rl_share > 0:  # a stand-in for the critic daemon: new weights every critic_every seconds
-            threading.Thread(target=self._publish_critic, args=(primary.url, run_id), daemon=True).start()
+            threading.Thread(target=self._publish_critic, args=(primary.url, run_id, fan.url if fan else None),
+                             daemon=True).start()
         sched = self.kids.start("scheduler", [sys.executable, "-m", "cli.main", "--log-level", "WARNING",
                                               "scheduler", "start", "--redis-url", primary.url, "--config",
-                                              str(cfg_file), "--run-id", run_id])
+                                              str(cfg_file), "--run-id", run_id]
+                                + (["--fanout-url", fan.url] if fan else []))
         deadline = time.monotonic() + 60 + self.n / 4
         while len(live_workers(client)) < self.n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.n} simulated workers did not heartbeat:\n{self.kids.log_tail('host0')}")
             time.sleep(0.2)
-        for rep in reps if self.copy == "replica" else ():
+        for rep in reps if self.copy in ("replica", "fanout") else ():
             rc = redis.Redis.from_url(rep.url)
             while rc.info("replication").get("master_link_status") != "up":
                 if time.monotonic() > deadline:
@@ -330,9 +367,13 @@ class Point:
             st = store.state()
             rep_stats = [c.info("stats") for c in rep_clients]
             return {"t": time.monotonic(), "applied": st["results_applied"], "version": st["version"],
-                    "sched": proc_cpu_s(sched.pid), "sched_loop": thread_cpu_s(sched.pid, sched.pid), "redis": proc_cpu_s(primary.proc.pid),
+                    "sched": proc_cpu_s(sched.pid), "sched_loop": thread_cpu_s(sched.pid, sched.pid),
+                    "redis": sum(proc_cpu_s(r.proc.pid) for r in redises), "primary": proc_cpu_s(primary.proc.pid),
                     "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps),
-                    "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(), "net": net_bytes(client),
+                    "hosts": sum(proc_cpu_s(h.pid) for h in hosts), "box": box_busy_s(),
+                    "net": _sum(net_bytes(c) for c in [client] + ([fan_client] if fan_client else [])),
+                    "fan_net": net_bytes(fan_client) if fan_client else {"in": 0, "out": 0, "repl_out": 0},
+                    "usec": {name: command_usec(c) for name, c in (("primary", client), ("fanout", fan_client)) if c},
                     "cmds": int(client.info("stats")["total_commands_processed"]),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
                     "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats),
@@ -381,7 +422,10 @@ class Point:
             "other_cores": max(0.0, (b["box"] - a["box"] - sum(b[k] - a[k] for k in ("sched", "redis", "replicas",
                                                                                       "hosts"))) / dt),
             "scheduler_ms_per_result": 1e3 * (b["sched"] - a["sched"]) / per,
-            "redis_ms_per_result": 1e3 * (b["redis"] - a["redis"]) / per,
+            "redis_ms_per_result": 1e3 * (b["redis"] - a["redis"]) / per,  # with a fan-out instance: both
+            "primary_ms_per_result": 1e3 * (b["primary"] - a["primary"]) / per,
+            # What the fan-out instance sends per result to each host (its replication stream, fallbacks).
+            "fanout_out_MB_per_result_per_host": (b["fan_net"]["out"] - a["fan_net"]["out"]) / per / 1e6 / n_hosts,
             # The loop's own thread (the ε of ES jobs runs on a background thread beside it).
             "scheduler_loop_ms_per_result": 1e3 * (b["sched_loop"] - a["sched_loop"]) / per,
             "net_in_MBps": net["in"] / dt / 1e6, "net_out_MBps": net["out"] / dt / 1e6,
@@ -393,19 +437,28 @@ class Point:
             "replica_misses_per_result": (b["rep_misses"] - a["rep_misses"]) / per,
             # Reads the workers meant for their host's copy that went to the primary (lag, errors, bypass).
             "fallbacks_per_result": (b["fallbacks"] - a["fallbacks"]) / per,
-            # What the primary sends per result for each host's copy of the run (replica) or, without
-            # one, for all of the host's workers together.
+            # What the primary (and the fan-out instance) send per result for each host's copy of the run
+            # (replica) and its workers, or, without a copy, for all of the host's workers together.
             "out_MB_per_result_per_host": net["out"] / per / 1e6 / n_hosts,
             # Of that, the replication stream to the host replicas (Redis's own count of it).
             "repl_MB_per_result_per_host": net["repl_out"] / per / 1e6 / max(1, len(reps)),
             "loadavg": list(os.getloadavg()),
+            # Where each instance's command time went (INFO commandstats: the commands' own execution, not
+            # the reading and writing of sockets nor replication), µs per result, the eight largest.
+            "command_us_per_result": {name: dict(sorted(((k, round((v - a["usec"][name].get(k, 0)) / per, 1))
+                                                         for k, v in b["usec"][name].items()),
+                                                        key=lambda kv: -kv[1])[:8]) for name in b["usec"]},
             # What the busiest host replica holds at the end of the window (this run's keys and RQ's).
             "replica_used_MB": max((c.info("memory")["used_memory"] / 1e6 for c in rep_clients), default=0.0),
+            # Of it, the run's own keys (MEMORY USAGE of each key under its prefix) on the busiest host: the
+            # rest is Redis's own, RQ's records (a replica of the primary) and the replies being sent.
+            "replica_run_MB": max((_run_bytes(c, store.prefix) / 1e6 for c in rep_clients), default=0.0),
         }
 
 
-    def _publish_critic(self, url: str, run_id: str) -> None:
+    def _publish_critic(self, url: str, run_id: str, fan_url: str | None = None) -> None:
         store = Store(redis.Redis.from_url(url), run_id)
+        fan = Fanout(store, redis.Redis.from_url(fan_url)) if fan_url else None
         weights = {"critic": np.zeros(CRITIC_PARAMS, np.float32), "critic_target": np.zeros(CRITIC_PARAMS, np.float32)}
         version = 0
         while not self.stop.is_set():
@@ -413,7 +466,9 @@ class Point:
             with contextlib.suppress(redis.RedisError, codec.CodecError):  # CodecError: no config yet
                 # What the critic daemon writes: the weights, and in the state its version and a step
                 # count that keeps up with the replay (the scheduler then never holds jobs for it).
-                store.publish_critic(version, weights)
+                if fan is not None:  # as the critic daemon does with a fan-out instance: weights there
+                    fan.publish_critic(version, weights)
+                store.publish_critic(version, None if fan is not None else weights)
                 store.set_state(critic_version=version, critic_steps=10**12)
             self.stop.wait(self.args.critic_every)
 
@@ -585,6 +640,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     points += [(n, "replica", 0.0) for n in counts_of(args.replica_workers, mode["replicas"])]
     points += [(n, "", args.rl_share) for n in counts_of(args.rl_workers, mode["rl_workers"])]
     points += [(n, "replica", args.rl_share) for n in counts_of(args.rl_replica_workers, mode["rl_replicas"])]
+    points += [(n, "fanout", 0.0) for n in counts_of(args.fanout_workers, ())]
+    points += [(n, "fanout", args.rl_share) for n in counts_of(args.rl_fanout_workers, ())]
     args.warm = mode["warm"] if args.warm is None else args.warm
     args.window = mode["window"] if args.window is None else args.window
     rows = []
@@ -626,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         hp.add_argument("--episode-len", type=int, required=True)
         hp.add_argument("--train-s", type=float, required=True)
         hp.add_argument("--stats", default="")
+        hp.add_argument("--fanout-url", default="")
         host_main(hp.parse_args(argv[1:]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -634,6 +692,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replica-workers", default=None, help="worker counts to repeat with one replica per host ('' for none)")
     ap.add_argument("--rl-workers", default=None, help="worker counts of the RL mix without replicas ('' for none)")
     ap.add_argument("--rl-replica-workers", default=None, help="worker counts of the RL mix with replicas ('' for none)")
+    ap.add_argument("--fanout-workers", default=None,
+                    help="worker counts (ES) with one replica per host following a fan-out instance beside the primary")
+    ap.add_argument("--rl-fanout-workers", default=None,
+                    help="worker counts of the RL mix with one replica per host following a fan-out instance")
     ap.add_argument("--rl-share", type=float, default=0.5, help="target share of RL jobs in the RL mix")
     ap.add_argument("--train-s", type=float, default=1.0, help="seconds an RL job sleeps for its training")
     ap.add_argument("--critic-every", type=float, default=2.0, help="seconds between critic publications (RL mix)")

@@ -51,6 +51,9 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+FANOUT_HINT = "pass --fanout-url or set $AESRL_FANOUT_URL"
+
+
 def _connect(url: str | None, blocking: bool = False, hint: str | None = None):
     """A client for the command; a missing, wrong or refusing Redis ends the command (exit 2) with one
     line, `hint` (default: pass --redis-url or set $AESRL_REDIS_URL) saying where the address comes from.
@@ -215,8 +218,12 @@ def scheduler() -> None:
 @click.option("--device", default="auto",
               help="Torch device of --algo td3, which trains in this process: auto (CUDA if present), cpu, cuda, "
                    "cuda:1, ... (the queue algorithms train on the critic daemon's and the workers' devices).")
+@click.option("--fanout-url", envvar="AESRL_FANOUT_URL", default=None,
+              help="The fan-out instance: a Redis beside the primary that holds what every host reads (versions, "
+                   "critic, the replay's observations) and that the hosts' replicas follow (docs/decisions.md). "
+                   "Default: none, the primary serves. [env: AESRL_FANOUT_URL]")
 def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=False, out_dir=None,
-                    tensorboard_dir=None, wandb_project=None, device="auto", **kw) -> None:
+                    tensorboard_dir=None, wandb_project=None, device="auto", fanout_url=None, **kw) -> None:
     """Run the scheduler loop of a new run (or resume --run RUN) until its step budget is spent.
 
     An existing run id is never started over silently: --run/--resume continue it, --force deletes it.
@@ -233,12 +240,17 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
     except (ValueError, RuntimeError) as exc:
         fail(f"device: {exc}")
     client = _connect(redis_url)
+    fanout = _connect(fanout_url, hint=FANOUT_HINT) if fanout_url else None
     if not run and kw.get("run_id") and Store(client, kw["run_id"]).exists():
         existing = Store(client, kw["run_id"])
         if resume:
             run = kw["run_id"]
         elif force:
             n = existing.delete()
+            if fanout is not None:
+                from aesrl_queue.store import Fanout
+
+                n += Fanout(existing, fanout).delete()
             click.echo(f"--force: deleted run {kw['run_id']} from Redis ({n} keys: config, state, μ/var, "
                        "history, results, replay, critic)", err=True)
             if out_dir:
@@ -257,6 +269,7 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
             fail(f"run: the stored config of {run!r} is unusable: {exc}")
         given = given_options(env_id, config_file, {k: v for k, v in kw.items() if k != "run_id" or v != run})
         cfg = _check_resume(store, stored, given)
+        _check_fanout(store, fanout)
         # `aesrl-queue run` writes a new run's config, then starts this scheduler with --run.
         started = "started_at" in store.state()
         click.echo(f"{'resuming' if started else 'starting'} run {run} ({cfg.algo} on {cfg.env_id})", err=True)
@@ -265,7 +278,7 @@ def scheduler_start(redis_url, run, env_id, config_file, resume=False, force=Fal
     stop = threading.Event()
     install_signal_handlers(stop)
     blocking = _connect(redis_url, blocking=True)
-    sched = make_scheduler(client, blocking, cfg, stop_event=stop, device=device)
+    sched = make_scheduler(client, blocking, cfg, stop_event=stop, device=device, fanout=fanout)
     click.echo(f"run {cfg.run_id}: scheduler started ({cfg.algo}, {cfg.env_id}, {cfg.actor_dim} parameters)", err=True)
     metrics = _start_metrics(redis_url, cfg, out_dir, tensorboard_dir, wandb_project)
     try:
@@ -296,6 +309,18 @@ def _check_resume(store, stored, given):
     if cfg.total_steps != stored.total_steps:
         store.replace_config(cfg)
     return cfg
+
+
+def _check_fanout(store, fanout) -> None:
+    """A run keeps the fan-out instance it started with (or none): its workers and critic daemon decided
+    where to read and write from its state when they first served it (exit 2 otherwise)."""
+    from aesrl_queue.store import FANOUT_FIELD
+
+    named = store.state_field(FANOUT_FIELD, cast=str, default=None)
+    if "started_at" in store.state() and bool(named) != (fanout is not None):
+        fail(f"fanout-url: run {store.run_id} " + (f"was started with the fan-out instance {named}: pass its URL"
+                                                    if named else "was started without a fan-out instance: "
+                                                    "resume it without --fanout-url"))
 
 
 def _force_delete_folder(run_dir) -> None:
@@ -354,13 +379,17 @@ def critic() -> None:
 @click.option("--cuda-graph/--no-cuda-graph", default=True,
               help="On CUDA, replay one critic step captured as a CUDA graph (~7× the steps/s of launching its "
                    "kernels one by one; docs/performance.md). No effect on the CPU.")
-def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
+@click.option("--fanout-url", envvar="AESRL_FANOUT_URL", default=None,
+              help="The fan-out instance: a Redis beside the primary that holds what every host reads (versions, "
+                   "critic, the replay's observations) and that the hosts' replicas follow (docs/decisions.md). "
+                   "Default: none, the primary serves. [env: AESRL_FANOUT_URL]")
+def critic_start(redis_url, run, device, wait, cuda_graph=True, fanout_url=None) -> None:
     """Train the TD3 critic of a run continuously and republish its weights."""
     import torch
 
     from aesrl_queue.procs import install_signal_handlers
     from aesrl_queue.store import Store, list_runs
-    from workers.critic import CriticDaemon
+    from workers.critic import CriticDaemon, FanoutMissing
 
     torch.set_num_threads(int(os.environ.get("AESRL_TORCH_THREADS", "1")))
     client = _connect(redis_url)
@@ -389,9 +418,11 @@ def critic_start(redis_url, run, device, wait, cuda_graph=True) -> None:
     install_signal_handlers(stop)
     try:
         daemon = CriticDaemon(client, _connect(redis_url, blocking=True), chosen, device=device, stop_event=stop,
-                              cuda_graph=cuda_graph)
+                              cuda_graph=cuda_graph, fanout=_connect(fanout_url, hint=FANOUT_HINT) if fanout_url else None)
     except CodecError as exc:  # a CodecError is a ValueError too: not a device problem
         fail(f"run: the stored config of {chosen!r} is unusable: {exc}")
+    except FanoutMissing as exc:
+        fail(f"fanout-url: {exc}")
     except ValueError as exc:
         fail(f"device: {exc}")
     click.echo(f"critic daemon for run {chosen} on {daemon.device}", err=True)
@@ -428,7 +459,12 @@ def _runs_there(client, run: str | None) -> str:
 @click.option("--replica-port", type=int, default=None, help="Port of the replica (default: a free one).")
 @click.option("--read-url", envvar="AESRL_READ_URL", default=None,
               help="A replica you run yourself to read from instead of starting one. [env: AESRL_READ_URL]")
-def worker(redis_url, processes, burst, replica, replicate_from, replica_bind, replica_port, read_url) -> None:
+@click.option("--fanout-url", envvar="AESRL_FANOUT_URL", default=None,
+              help="The fan-out instance: a Redis beside the primary that holds what every host reads (versions, "
+                   "critic, the replay's observations) and that this host's replica follows (docs/decisions.md). "
+                   "Default: none, the primary serves. [env: AESRL_FANOUT_URL]")
+def worker(redis_url, processes, burst, replica, replicate_from, replica_bind, replica_port, read_url,
+           fanout_url=None) -> None:
     """Start N `rq worker -w workers.AesrlWorker` processes on this machine, and the machine's replica.
 
     The replica's password is $AESRL_REPLICA_PASSWORD (set it where another host replicates this one),
@@ -441,6 +477,11 @@ def worker(redis_url, processes, burst, replica, replicate_from, replica_bind, r
     primary = _connect(redis_url)
     url = resolve_url(redis_url)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if fanout_url:
+        from aesrl_queue.connection import FANOUT_ENV
+
+        _connect(fanout_url, hint=FANOUT_HINT)  # fail now, with the message, not in every job
+        env[FANOUT_ENV] = fanout_url
     if read_url:
         from workers.replica import READ_URL_ENV, ReplicaError, reader_for
 
@@ -451,7 +492,7 @@ def worker(redis_url, processes, burst, replica, replicate_from, replica_bind, r
         env[READ_URL_ENV] = read_url
         click.echo(f"reading run data from replica {redact(read_url)}", err=True)
     elif replica:
-        host = _start_replica(primary, replicate_from or url, replica_bind, replica_port)
+        host = _start_replica(primary, replicate_from or fanout_url or url, replica_bind, replica_port)
         if host is not None:
             env["AESRL_READ_URL"] = host.url
     from aesrl_queue.procs import spawn, worker_command

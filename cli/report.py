@@ -12,7 +12,7 @@ import redis
 from aesrl_queue.codec import CodecError
 from aesrl_queue.optimizers import rl_target
 from aesrl_queue.progress import STALLED_AFTER
-from aesrl_queue.store import HOST_KEY, Store, live_hosts, live_workers, worker_ages
+from aesrl_queue.store import FANOUT_FIELD, HOST_KEY, Store, live_hosts, live_workers, worker_ages
 
 SERIES_POINTS = 60  # width of the f(μ) sparkline
 
@@ -120,9 +120,10 @@ def gather(client: redis.Redis, run_id: str, window: int = 300) -> dict[str, Any
     troubled = [h for h in out["hosts"] if h["fallbacks"] > 0 or h["link"] != "up"]
     if troubled and not out["problem"]:
         h = troubled[0]
-        out["problem"] = (f"host {h['host']} reads from the primary: {h['fallbacks']} fallbacks, replica link "
+        source = "the fan-out instance" if st.get(FANOUT_FIELD) else "the primary"  # what a host falls back to
+        out["problem"] = (f"host {h['host']} reads from {source}: {h['fallbacks']} fallbacks, replica link "
                           f"{h['link'] or 'unknown'}" + (f" (and {len(troubled) - 1} more hosts)" if len(troubled) > 1 else ""))
-        out["problem_hint"] = out["problem_hint"] or f"host {h['host']} falls back to the primary"
+        out["problem_hint"] = out["problem_hint"] or f"host {h['host']} falls back to {source}"
     return out
 
 

@@ -24,7 +24,7 @@ import redis
 from aesrl_queue.algorithms import algorithm
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
-from aesrl_queue.connection import wait_until_reachable, without_retries
+from aesrl_queue.connection import client_url, wait_until_reachable, without_retries
 from aesrl_queue.nets import init_actor_params
 from aesrl_queue.optimizers import (
     ASYNC_ALGOS,
@@ -39,7 +39,7 @@ from aesrl_queue.optimizers import (
     uses_rl,
 )
 from aesrl_queue.optimizers.base import finite
-from aesrl_queue.store import Result, Store, announce
+from aesrl_queue.store import FANOUT_FIELD, Fanout, Result, Store, announce, incarnation_token
 from scheduler.breaker import FailureBreaker
 from scheduler.critic_gate import make_gate
 from scheduler.dispatch import Dispatcher
@@ -60,6 +60,8 @@ COUNTERS = ("steps", "interactions", "critic_version", "critic_steps")  # state 
 # at once, as it would unpaced (docs/scaling.md). The pace never holds a worker back: while a commit
 # waits, each read still refills the free slots with jobs on the last published version (_refill).
 PUBLISH_HZ = 10.0
+# Seconds between tries to bring a fan-out instance that failed a write back in line with the primary.
+FANOUT_RETRY_S = 5.0
 
 
 # How the loop words an optimizer's events (name -> level, %-format of its numbers).
@@ -104,7 +106,7 @@ class Scheduler:
 
     def __init__(self, client: redis.Redis, blocking_client: redis.Redis, cfg: RunConfig,
                  stop_event: threading.Event | None = None, drain_timeout: float | None = None,
-                 publish_hz: float = PUBLISH_HZ) -> None:
+                 publish_hz: float = PUBLISH_HZ, fanout: redis.Redis | None = None) -> None:
         self.r = client
         self.rb = blocking_client
         # The apply's MULTI/EXEC must never be resent (a resend after a lost reply would apply a
@@ -112,6 +114,12 @@ class Scheduler:
         self.r_once = without_retries(client)
         self.cfg = cfg
         self.store = Store(client, cfg.run_id)
+        # The fan-out instance the hosts' replicas follow (docs/decisions.md), None: the primary serves
+        # them. Its keys are written outside the commit's transaction, tagged per incarnation (`tag`).
+        self.fan = Fanout(self.store, fanout) if fanout is not None else None
+        self.tag: str | None = None  # what published versions carry: the run token, or with a fan-out an incarnation's
+        self.fan_behind = False  # a fan-out write failed: a commit copies the current version again (_fanout_sync)
+        self.fan_retry_at = 0.0  # not before this (self.clock): each try against a dead instance costs its retries
         # Only an optimizer that tells each result at once never reads an RL individual again; one
         # that tells generations keeps its members' keys in its state until the generation closes.
         self.drop_individuals = algorithm(cfg.algo).tells == "result"
@@ -138,14 +146,17 @@ class Scheduler:
             self.cfg = cfg = store.config()
         if algorithm(cfg.algo).executor != "queue":
             raise ValueError(f"algo {cfg.algo!r} does not run on the queue; use make_scheduler")
+        self.tag = incarnation_token(cfg) if self.fan is not None else None
         saved = store.load_checkpoint("optimizer")
         if saved is None:
             mu0 = init_actor_params(cfg.obs_dim, cfg.act_dim, cfg.max_action, tuple(cfg.hidden), cfg.activation,
                                     seed=cfg.seed)
             self.opt = make_optimizer(cfg, mu0)
+            if self.fan is not None:  # a run's earlier namesake may have left observations there
+                self._to_fanout(self.fan.delete)
             now = time.time()
             pipe = self.r.pipeline()
-            store.publish_dist(self.opt.version, self.opt.mean, self.opt.var, pipe=pipe)
+            store.publish_dist(self.opt.version, self.opt.mean, self.opt.var, pipe=pipe, tag=self.tag)
             store.save_checkpoint("optimizer", self.opt.state(), pipe=pipe)
             store.set_state(pipe=pipe, **{"f_mu_version": -1, **self.opt.fields()}, last_result_id="0-0",
                             started_at=now, status="running", updated_at=now)
@@ -191,7 +202,11 @@ class Scheduler:
         self.published = self.opt.version  # the version current in Redis
         self.published_at = -math.inf  # when the last commit that published a new version ran (self.clock)
         self.checkpoint = self.opt.state()  # the optimizer's state as last committed
-        store.set_state(status="running", updated_at=time.time())
+        fanout = None if self.fan is None else client_url(self.fan.r)  # workers of the run need it named
+        named = {FANOUT_FIELD: fanout} if fanout or FANOUT_FIELD in state else {}  # None: now without one
+        store.set_state(status="running", updated_at=time.time(), **named)
+        if self.fan is not None:
+            self._fanout_sync()
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> str:
@@ -289,15 +304,20 @@ class Scheduler:
         fields = opt.fields()
         if not (pending.results or pending.forget or specs or self.to_delete or not _same(fields, self.written)):
             return
+        if self.fan_behind and self.clock() >= self.fan_retry_at:
+            self._fanout_sync()
         pipe = self.r_once.pipeline()
-        store.drop_dists(self.to_delete, pipe=pipe)
+        dropped = self.to_delete
+        store.drop_dists(dropped, pipe=pipe)
         self.to_delete = []
         self._record(pending, pipe)
         refs_at = None
         if opt.version != published:
             # Only the last version is ever current in Redis, so only it is published.
             refs_at = len(pipe) + 1
-            store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe, read_refs=True)
+            store.publish_dist(opt.version, opt.mean, opt.var, pipe=pipe, read_refs=True, tag=self.tag)
+            if self.fan is not None:  # before the commit names it: a job that learns it finds its bytes there
+                self._to_fanout(lambda: self.fan.publish_dist(opt.version, opt.mean, opt.var, self.tag))
         checkpoint = opt.state()
         store.save_checkpoint("optimizer", checkpoint, pipe=pipe)
         store.forget_jobs(pending.forget, pipe=pipe)
@@ -316,21 +336,55 @@ class Scheduler:
         self.pending = _Pending()
         if refs_at is not None:
             self._drop_unreferenced(replies[refs_at], previous=published)
-            self._announce(opt.version)
+            self._announce(opt.version, dropped)
+        elif dropped and self.fan is not None:
+            self._to_fanout(lambda: self.fan.drop(dropped))
 
-    def _announce(self, version: int) -> None:
-        """Announce a published version to the jobs waiting for it on their hosts' replicas; a user
-        whose ACL lacks the channel (`&aesrl:*`) is told once, and jobs then look every 0.1 s."""
+    def _announce(self, version: int, dropped: list[int] = ()) -> None:
+        """Announce a published version to the jobs waiting for it on their hosts' replicas (with a
+        fan-out instance: name it current there and drop what the commit dropped, then announce it); a
+        user whose ACL lacks the channel (`&aesrl:*`) is told once, and jobs then look every 0.1 s."""
+        if self.fan is not None:
+            self._to_fanout(lambda: self.fan.make_current(version, dropped, announce=self.announcing))
+            return
         if not self.announcing:
             return
         try:
             announce(self.store, version)
         except redis.exceptions.NoPermissionError as exc:
-            self.announcing = False
-            log.warning("run %s: versions are not announced (%s): allow the channels &aesrl:* to this "
-                        "Redis user (docs/security.md); jobs waiting for a version look every 0.1 s", self.cfg.run_id, exc)
+            self._not_announcing(exc)
         except redis.RedisError as exc:  # the commit went through; a missed announcement only delays
             log.debug("announcement of version %d failed: %s", version, exc)
+
+    def _not_announcing(self, exc: Exception) -> None:
+        self.announcing = False
+        log.warning("run %s: versions are not announced (%s): allow the channels &aesrl:* to this "
+                    "Redis user (docs/security.md); jobs waiting for a version look every 0.1 s", self.cfg.run_id, exc)
+
+    def _to_fanout(self, write) -> None:
+        """A write to the fan-out instance, outside the primary's transaction. One that fails leaves the
+        run going (jobs cannot read what is missing there and fail; they are asked again), and no
+        write is tried until a commit FANOUT_RETRY_S later copies the current version from the primary
+        again (_fanout_sync)."""
+        if self.fan_behind:
+            return
+        try:
+            write()
+        except redis.exceptions.NoPermissionError as exc:  # PUBLISH, the last command of make_current
+            self._not_announcing(exc)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("run %s: the fan-out instance failed a write (%s); trying again in %g s",
+                        self.cfg.run_id, exc, FANOUT_RETRY_S)
+            self.fan_behind = True
+            self.fan_retry_at = self.clock() + FANOUT_RETRY_S
+
+    def _fanout_sync(self) -> None:
+        """The fan-out instance as the primary is (at setup, and after a failed write): the current
+        version copied with its tag, no version the primary lacks (one written before a commit that
+        failed), the current version named and announced."""
+        self.fan_behind = False
+        self._to_fanout(lambda: (self.fan.copy_dist(self.published), self.fan.sweep(set(self.store.dist_versions())),
+                                 self.fan.make_current(self.published, announce=self.announcing)))
 
     def _refill(self) -> None:
         """Ask for the free slots and enqueue the jobs now, while the told results wait for their commit.
@@ -478,6 +532,8 @@ class Scheduler:
         left = list(self.inflight)
         self.inflight.forget(left)
         self.store.drop_dists(self.to_delete)
+        if self.fan is not None:
+            self._to_fanout(lambda: self.fan.drop(self.to_delete))
         self.to_delete = []
         self.inflight.close()
         self.store.set_state(status="finished", finished_at=time.time(), updated_at=time.time())
@@ -487,14 +543,16 @@ class Scheduler:
 
 
 def make_scheduler(client: redis.Redis, blocking_client: redis.Redis, cfg: RunConfig,
-                   stop_event: threading.Event | None = None, device: str | None = "auto"):
-    """The scheduler of any --algo: this loop for the queue algorithms, the one-process TD3 for td3
-    (which trains on `device`: "auto" is CUDA where torch sees one)."""
+                   stop_event: threading.Event | None = None, device: str | None = "auto",
+                   fanout: redis.Redis | None = None):
+    """The scheduler of any --algo: this loop for the queue algorithms (with `fanout`, the fan-out
+    instance the hosts follow), the one-process TD3 for td3 (which trains on `device`: "auto" is CUDA
+    where torch sees one, and has no workers to fan out to)."""
     if algorithm(cfg.algo).executor == "process":
         from scheduler.td3_baseline import TD3Baseline
 
         return TD3Baseline(client, cfg, stop_event=stop_event, device=device)
-    return Scheduler(client, blocking_client, cfg, stop_event=stop_event)
+    return Scheduler(client, blocking_client, cfg, stop_event=stop_event, fanout=fanout)
 
 
 def refusal(entry_id: str, res: Result | None, err: str, ours: bool, spec_hash: str) -> tuple[str, str, bool] | None:

@@ -15,10 +15,10 @@ import redis
 import torch
 
 from aesrl_queue.codec import CodecError
-from aesrl_queue.connection import wait_until_reachable
+from aesrl_queue.connection import FANOUT_ENV, wait_until_reachable
 from aesrl_queue.learners import make_learner
 from aesrl_queue.nets import NetSpec, set_flat
-from aesrl_queue.store import Store
+from aesrl_queue.store import FANOUT_FIELD, Fanout, Store
 from aesrl_queue.td3 import ReplayBuffer, pick_device
 
 log = logging.getLogger(__name__)
@@ -26,16 +26,26 @@ log = logging.getLogger(__name__)
 DONE_STATUSES = ("finished", "failed")
 
 
+class FanoutMissing(ValueError):
+    """The run has a fan-out instance and this daemon was not given its URL."""
+
+
 class CriticDaemon:
     """Trains one run's critic until the run finishes or `stop_event` is set."""
 
     def __init__(self, client: redis.Redis, blocking_client: redis.Redis, run_id: str, device: str | None = None,
                  stop_event: threading.Event | None = None, checkpoint_every: float = 10.0,
-                 cuda_graph: bool = True) -> None:
+                 cuda_graph: bool = True, fanout: redis.Redis | None = None) -> None:
         self.r = client
         self.rb = blocking_client
         self.store = Store(client, run_id)
         self.cfg = self.store.config()
+        # With a fan-out instance (docs/decisions.md) the weights go there, and the primary names the version.
+        named = self.store.state_field(FANOUT_FIELD, cast=str, default=None)
+        if named and fanout is None:
+            raise FanoutMissing(f"run {run_id} keeps what hosts read on its fan-out instance {named}: give the "
+                             f"critic daemon its URL (--fanout-url, or ${FANOUT_ENV})")
+        self.fan = Fanout(self.store, fanout) if fanout is not None else None
         self.device = pick_device(device)
         self.stop_event = stop_event or threading.Event()
         self.checkpoint_every = checkpoint_every
@@ -71,11 +81,14 @@ class CriticDaemon:
         except CodecError as exc:
             log.warning("critic checkpoint unreadable (%s); starting a fresh critic", exc)
             return False
+        # A number the fan-out instance already holds is never used again for other weights (one
+        # published there by a daemon that died before the primary named it).
+        published = max(self.store.critic_version(), self.fan.critic_version() if self.fan is not None else 0)
         if not ckpt:
-            self.version = self.store.critic_version()
+            self.version = published
             return False
         self.learner.load_state(ckpt)
-        self.version = max(int(ckpt["version"]), self.store.critic_version())
+        self.version = max(int(ckpt["version"]), published)
         self.trained = int(ckpt["trained"])
         log.info("critic of run %s restored: version %d, %d steps trained", self.cfg.run_id, self.version,
                  self.trained)
@@ -185,8 +198,18 @@ class CriticDaemon:
 
     def publish(self, stats: dict[str, float]) -> None:
         self.version += 1
+        weights = self.learner.weights()
+        if self.fan is not None:
+            # To the fan-out instance first: the primary names only versions whose weights are there.
+            try:
+                self.fan.publish_critic(self.version, weights)
+            except (redis.RedisError, OSError) as exc:
+                log.warning("critic version %d did not reach the fan-out instance (%s); the next one tries again",
+                            self.version, exc)
+                return
+            weights = None
         pipe = self.r.pipeline()
-        self.store.publish_critic(self.version, self.learner.weights(), pipe=pipe)
+        self.store.publish_critic(self.version, weights, pipe=pipe)
         self.store.set_state(pipe=pipe, critic_version=self.version, critic_steps=self.trained,
                              critic_loss=stats["loss"], critic_updated_at=time.time(),
                              critic_steps_per_s=round(self.steps_per_s, 1), critic_device=str(self.device),

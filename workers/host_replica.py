@@ -41,7 +41,8 @@ BEAT_S = 2.0  # seconds between the host's reports to the primary
 
 
 def _source(url: str) -> tuple[str, int, str | None, dict[str, str] | None]:
-    """(host, port, password, TLS files or None) of a redis:// or rediss:// URL; the TLS files are
+    """(host, port, password, TLS files or None) of a redis:// or rediss:// URL (its ACL user name:
+    _user); the TLS files are
     the CA (`ssl_ca_certs` in the URL, else $AESRL_REDIS_CA) and a client certificate and key
     (`ssl_certfile`, `ssl_keyfile`) where the URL names them."""
     pool = redis.ConnectionPool.from_url(url)
@@ -51,6 +52,11 @@ def _source(url: str) -> tuple[str, int, str | None, dict[str, str] | None]:
         tls = {"ca": kw.get("ssl_ca_certs") or os.environ.get("AESRL_REDIS_CA") or "",
                "cert": kw.get("ssl_certfile") or "", "key": kw.get("ssl_keyfile") or ""}
     return str(kw.get("host", "127.0.0.1")), int(kw.get("port", 6379)), kw.get("password"), tls
+
+
+def _user(url: str) -> str | None:
+    """The ACL user a URL names (redis://USER:PASSWORD@...), None for the default user."""
+    return redis.ConnectionPool.from_url(url).connection_kwargs.get("username") or None
 
 
 class HostReplica:
@@ -83,6 +89,8 @@ class HostReplica:
                  "replica-serve-stale-data yes", "repl-diskless-load on-empty-db"]
         if auth:
             lines.append(f"masterauth {auth}")
+            if _user(self.source_url):  # an ACL user (it needs +psync +replconf +ping: docs/security.md)
+                lines.append(f"masteruser {_user(self.source_url)}")
         if tls is not None:  # the source speaks TLS: so does the link (the CA is the one the workers use)
             lines.append("tls-replication yes")
             if not (tls["cert"] and tls["key"]):  # Redis needs a certificate of its own to speak TLS at all

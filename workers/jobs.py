@@ -29,8 +29,19 @@ import redis
 from aesrl_queue import codec, noise
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import RunConfig
+from aesrl_queue.connection import FANOUT_ENV, fanout_client, fanout_url
 from aesrl_queue.optimizers import needs_critic_daemon
-from aesrl_queue.store import Store, decode_dist, run_token
+from aesrl_queue.store import (
+    CURRENT,
+    FANOUT_FIELD,
+    OBS,
+    REPLAY,
+    Fanout,
+    Store,
+    decode_dist,
+    run_token,
+    same_run,
+)
 from workers.replica import ReplicaReader, reader_for
 
 if TYPE_CHECKING:
@@ -205,11 +216,24 @@ class _RunContext:
         from aesrl_queue.numpy_actor import NetSpec  # torch-free: ES-only workers never import torch
 
         self.store = Store(client, run)
-        # Reads of immutable or versioned data go through one reader: the host's replica when
-        # AESRL_READ_URL names one (with a bounded wait, then the primary), else the primary. The config
-        # is read from the primary: a few KB once per run, never an earlier run's of the same id.
-        self.reader: ReplicaReader = reader_for(client)
         self.cfg = self.store.config()
+        # A run with a fan-out instance (its state names it) keeps there what hosts read: versions,
+        # critic, the replay's observations (docs/decisions.md); this process must be given its URL.
+        named = self.store.state_field(FANOUT_FIELD, cast=str, default=None)
+        fan = fanout_client() if named else None
+        if named and fan is None:
+            raise JobRejected(f"run {run} keeps what hosts read on its fan-out instance {named}: give the "
+                              f"workers its URL (aesrl-queue worker --fanout-url, or ${FANOUT_ENV})")
+        self.fan = None if fan is None else Fanout(self.store, fan)
+        # Reads of immutable or versioned data go through one reader: the host's replica when
+        # AESRL_READ_URL names one (with a bounded wait, then the fan-out instance, or without one the
+        # primary), else the fan-out instance or the primary. The config is read from the primary: a
+        # few KB once per run, never an earlier run's of the same id. A process whose host replica
+        # follows a fan-out instance reads a run without one from the primary alone.
+        if fan is not None:
+            self.reader: ReplicaReader = reader_for(fan)
+        else:
+            self.reader = ReplicaReader(client, None) if fanout_url() else reader_for(client)
         self.token = run_token(self.store.config()).encode()  # what this run's versions and critic carry
         cfg = self.cfg
         self.spec_hash = cfg.spec_hash  # a property that hashes the spec: once per run, not per job
@@ -247,14 +271,16 @@ class _RunContext:
         version = int(started[0])
         self.critic_named = int(started[1] or 0)
         tag = started[2] if len(started) > 2 else None
-        if tag is not None and tag != self.token:  # the run was started over under this id
+        if tag is not None and not same_run(tag, self.token):  # the run was started over under this id
             raise StaleContext(store.run_id)
         mu, var = self.reader.dist(store, version, tag=tag)
         return (version, *decode_dist(version, mu, var, self.cfg.actor_dim))
 
     def read_current_mu(self) -> tuple[int, np.ndarray] | None:
         """The current version and its μ (from the replica when there is one: possibly a little older)."""
-        got = self.reader.read(self.store.read_current_mu)
+        store = self.store
+        got = self.reader.read(store.read_current_mu if self.fan is None
+                               else lambda c: store.read_current_mu(c, pointer=CURRENT))
         if not got or got[1] is None:
             return None
         return int(got[0]), codec.decode_array(got[1], size=self.cfg.actor_dim, what="current mu")
@@ -276,8 +302,9 @@ class _RunContext:
             self.mirror = ReplayBuffer(self.cfg.obs_dim, self.cfg.act_dim, self.cfg.replay_capacity,
                                        device=device, obs_only=True)
         added = 0
+        stream = REPLAY if self.fan is None else OBS  # a fan-out instance holds the observations alone
         while True:
-            rows = self.reader.read(lambda c: self.store.read_stream("replay", self.mirror_last, count=500, client=c),
+            rows = self.reader.read(lambda c: self.store.read_stream(stream, self.mirror_last, count=500, client=c),
                                     append_only=True)
             if not rows:
                 return added
@@ -317,6 +344,13 @@ class _RunContext:
         more = [(f"{job}:mu", out.mean_transitions)] if self.keeps_replay and out.mean_transitions is not None else []
         store.finish_job(out.transitions, job, fields, extra_interactions=0 if self.keeps_replay else out.eval_steps,
                          keep=self.keeps_replay, more=more)
+        if self.fan is not None and self.keeps_replay:
+            # The observations RL jobs sample, after the result: a job that dies between the two leaves
+            # fewer states to sample, never a result counted twice.
+            try:
+                self.fan.append_obs([(job, out.transitions), *more])
+            except (redis.RedisError, OSError) as exc:
+                log.warning("job %s: its observations did not reach the fan-out instance: %s", job, exc)
 
 
 _CONTEXTS: dict[tuple[int, str], _RunContext] = {}

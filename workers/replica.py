@@ -1,7 +1,9 @@
 """Every read of a job's run data (dist:{v}, critic, replay) goes through one ReplicaReader: from the
 host's replica (`aesrl-queue worker` starts one: workers/host_replica.py; `AESRL_READ_URL` names it)
 with a bounded wait for what it does not hold yet, else from the primary. Without a replica the same
-reader reads the primary directly. Writes never go to the replica.
+reader reads the primary directly. Writes never go to the replica. For a run with a fan-out instance
+(docs/decisions.md) the reader's `primary` is that instance: the host's replica follows it, and what
+the replica lacks is read there, never from the primary.
 """
 
 from __future__ import annotations
