@@ -95,6 +95,41 @@ class _Retry(Retry):
             raise refused.error from None
 
 
+class _Pipeline(redis.client.Pipeline):
+    """A pipeline that loads its Lua scripts again before it resends its commands.
+
+    redis-py loads a pipeline's scripts once per execute, before the first send. When the link drops
+    and the retry resends the MULTI/EXEC to a Redis that restarted meanwhile (its script cache empty),
+    every EVALSHA in it failed with NoScriptError (seen: the td3 baseline's episode append, right
+    after a Redis restart on its AOF)."""
+
+    _sends = 0
+
+    def execute(self, raise_on_error: bool = True):
+        self._sends = 0
+        return super().execute(raise_on_error)
+
+    def _execute_transaction(self, connection, commands, raise_on_error):
+        self._before_send()
+        return super()._execute_transaction(connection, commands, raise_on_error)
+
+    def _execute_pipeline(self, connection, commands, raise_on_error):
+        self._before_send()
+        return super()._execute_pipeline(connection, commands, raise_on_error)
+
+    def _before_send(self) -> None:
+        self._sends += 1
+        if self._sends > 1 and self.scripts:
+            self.load_scripts()
+
+
+class _Redis(redis.Redis):
+    """redis.Redis whose pipelines are _Pipeline."""
+
+    def pipeline(self, transaction=True, shard_hint=None):
+        return _Pipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
 # A value longer than this is sent as its own buffer, never copied into the command (redis-py's cutoff).
 LARGE_VALUE = 6000
 
@@ -226,7 +261,7 @@ def connect(
         del options["socket_keepalive"]
     options.update(kwargs)
     try:
-        client = redis.Redis.from_url(url, **options)
+        client = _Redis.from_url(url, **options)
     except ValueError as exc:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {exc}") from None
     if check:
