@@ -39,7 +39,7 @@ def test_scheduler_and_critic_killed_and_restarted(tmp_path, redis_url, client, 
     assert inflight_at_kill
     # Workers go on: their results wait in the stream for the next scheduler.
     wait_for(lambda: client.xlen(store.key("results")) > at_kill["results_applied"] + at_kill["failed"]
-             + at_kill["rejected"] + at_kill["stale"], 30, what="results written while no scheduler runs",
+             + at_kill["rejected"] + at_kill["stale"], 120, what="results written while no scheduler runs",
              on_fail=procs.logs)
     procs.cli("scheduler-2", *sched, "--run", RUN)
     wait_for(lambda: store.state()["results_applied"] > at_kill["results_applied"] + 3, 60,
