@@ -41,7 +41,7 @@ def config(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 def services(*profiles: str, **env: str) -> dict:
     args = [a for p in profiles for a in ("--profile", p)]
-    out = config(*args, env={"REDIS_PASSWORD": "pw-from-env", **env})
+    out = config(*args, env={"REDIS_PASSWORD": "pw-from-env", "FANOUT_PASSWORD": "fanout-pw", **env})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["services"]
 
@@ -50,8 +50,11 @@ def test_compose_file_is_valid_and_needs_a_password():
     missing = config()
     assert missing.returncode != 0
     assert "REDIS_PASSWORD" in missing.stderr
-    assert set(services()) == {"redis", "scheduler", "critic", "worker"}
-    assert set(services("cpu", "dashboard")) == {"redis", "scheduler", "critic", "critic-cpu", "worker", "rq-dashboard"}
+    no_fanout = config(env={"REDIS_PASSWORD": "pw"})
+    assert no_fanout.returncode != 0 and "FANOUT_PASSWORD" in no_fanout.stderr
+    assert set(services()) == {"redis", "fanout", "scheduler", "critic", "worker"}
+    assert set(services("cpu", "dashboard")) == {"redis", "fanout", "scheduler", "critic", "critic-cpu", "worker",
+                                                 "rq-dashboard"}
 
 
 def test_redis_has_aof_and_the_password_from_the_environment():
@@ -66,10 +69,28 @@ def test_redis_has_aof_and_the_password_from_the_environment():
     for name in ("scheduler", "critic", "worker"):
         assert s[name]["environment"]["AESRL_REDIS_URL"] == "redis://:pw-from-env@redis:6379/0"
         assert s[name]["depends_on"]["redis"]["condition"] == "service_healthy"
-    # A worker on a second machine points at the first one's Redis.
-    remote = services(AESRL_REDIS_HOST="gpu-box", AESRL_WORKERS="16")
+    # A worker on a second machine points at the first one's Redis and fan-out instance.
+    remote = services(AESRL_REDIS_HOST="gpu-box", AESRL_FANOUT_HOST="gpu-box", AESRL_FANOUT_PORT="6380",
+                      AESRL_WORKERS="16")
     assert remote["worker"]["environment"]["AESRL_REDIS_URL"] == "redis://:pw-from-env@gpu-box:6379/0"
+    assert remote["worker"]["environment"]["AESRL_FANOUT_URL"] == "redis://:fanout-pw@gpu-box:6380/0"
     assert remote["worker"]["command"] == ["aesrl-queue", "worker", "--processes", "16"]
+
+
+def test_the_fanout_instance_is_the_default_beside_redis():
+    """Every app service writes to or reads from the fan-out instance (the hosts' replicas follow it, not
+    the primary); it keeps nothing on disk, takes a password of its own from the environment, and is published
+    on the host's address as Redis is, on its own port."""
+    s = services("cpu")
+    fanout = s["fanout"]
+    cmd = " ".join(fanout["command"])
+    assert "--appendonly no" in cmd and '--save ""' in cmd and '--requirepass "$$FANOUT_PASSWORD"' in cmd
+    assert fanout["environment"] == {"FANOUT_PASSWORD": "fanout-pw"}  # not the primary's password
+    assert not fanout.get("volumes")
+    assert fanout["ports"][0]["host_ip"] == "127.0.0.1" and fanout["ports"][0]["published"] == "6380"
+    for name in ("scheduler", "critic", "critic-cpu", "worker"):
+        assert s[name]["environment"]["AESRL_FANOUT_URL"] == "redis://:fanout-pw@fanout:6379/0", name
+        assert s[name]["depends_on"]["fanout"]["condition"] == "service_healthy", name
 
 
 def test_critic_reserves_a_gpu_and_the_cpu_profile_has_a_fallback():
