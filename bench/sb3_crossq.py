@@ -1,0 +1,99 @@
+"""sb3-contrib's CrossQ (SAC-based, its actor stochastic) as an outside reference for our `crossq` learner.
+
+Our `crossq` trains a deterministic TD3-style actor (ES perturbs it as a flat vector) with CrossQ's
+batch-renormalised critic and no target network. This script trains the published family's actor
+(squashed Gaussian with entropy tuning, BatchRenorm in the actor too) under the learning protocol's
+budget and scores it as the protocol scores a snapshot: the deterministic policy (the Gaussian's
+mean), one episode from each of the 10 fixed start states (reset seeds 10 000-10 009), after 25 000,
+50 000 and 100 000 training steps. Its actor cannot be written as our flat numpy actor (it has batch
+renormalisation layers), so it is scored here, not through snapshots.
+
+Settings: sb3-contrib's CrossQ defaults (lr 1e-3, Adam betas 0.5/0.999, policy delay 3, batch 256,
+BatchRenorm momentum 0.01 and 100 000 warm-up steps, actor 256-256 ReLU) except the protocol's
+10 000 uniform-random start steps and the critic width (`--critic-hidden`, default 256,256: a CPU
+budget; the paper's is 2048,2048). One torch thread.
+
+Needs the `bench` extra and sb3-contrib (`pip install sb3-contrib`); nothing in the package imports it.
+
+Usage: python bench/sb3_crossq.py --env Hopper-v5 --seed 1 --out FILE.json [--steps 100000]
+           [--critic-hidden 256,256] [--start-steps 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from sb3_contrib import CrossQ
+from stable_baselines3.common.callbacks import BaseCallback
+
+EVAL_SEEDS = list(range(10_000, 10_010))  # bench/learning.py PROTOCOL["eval_seeds"]
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def score(model: CrossQ, env_id: str) -> list[float]:
+    env = gym.make(env_id)
+    returns = []
+    for s in EVAL_SEEDS:
+        obs, _ = env.reset(seed=s)
+        done, ret = False, 0.0
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            ret += float(reward)
+            done = terminated or truncated
+        returns.append(round(ret, 3))
+    return returns
+
+
+class Milestones(BaseCallback):
+    def __init__(self, env_id: str, marks: list[int], row: dict, out: Path) -> None:
+        super().__init__()
+        self.env_id, self.marks, self.row, self.out, self.t0 = env_id, set(marks), row, out, time.time()
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps in self.marks:
+            returns = score(self.model, self.env_id)
+            self.row["scores"][str(self.num_timesteps)] = {"returns": returns, "mean": round(float(np.mean(returns)), 3)}
+            self.row["wall_s"] = round(time.time() - self.t0, 1)
+            self.out.write_text(json.dumps(self.row, indent=1) + "\n")
+            print(f"{self.env_id} steps {self.num_timesteps}: mean {np.mean(returns):.1f} on the fixed starts, "
+                  f"{time.time() - self.t0:.0f} s", flush=True)
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="JSON row, rewritten at each milestone")
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--critic-hidden", default="256,256")
+    ap.add_argument("--start-steps", type=int, default=10_000)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    critic = [int(n) for n in args.critic_hidden.split(",")]
+    marks = [args.steps // 4, args.steps // 2, args.steps]
+    row = {"algo": "sb3-crossq", "env": args.env, "seed": args.seed, "steps": args.steps, "critic_hidden": critic,
+           "learning_starts": args.start_steps, "scores": {},
+           "versions": {m.__name__: m.__version__ for m in (gym, np, torch)}, "cpu": cpu_model()}
+    model = CrossQ("MlpPolicy", args.env, learning_starts=args.start_steps, seed=args.seed, device="cpu",
+                   policy_kwargs={"net_arch": {"pi": [256, 256], "qf": critic}})
+    model.learn(total_timesteps=args.steps, callback=Milestones(args.env, marks, row, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
