@@ -198,9 +198,13 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
                 walls[key] = time.monotonic() - t0
         time.sleep(2)
     for key, (p, t0) in procs.items():
+        if key in walls:
+            continue
         if p.poll() is None:
             learning.kill_group(p)
             walls[key] = -(time.monotonic() - t0)  # negative: stopped at the deadline
+        else:  # it ended after the loop's last look, at the deadline
+            walls[key] = time.monotonic() - t0
     # each cell scored in a process of its own (MuJoCo and the numpy actor, side by side)
     with ProcessPoolExecutor(max_workers=min(len(walls), os.cpu_count() or 1)) as pool:
         futures = {key: pool.submit(_score, runs / key[0] / f"{algo}-s{key[1]}", algo, protocol) for key in walls}
