@@ -23,24 +23,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import time
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
-import torch
-from sb3_contrib import CrossQ
-from stable_baselines3.common.callbacks import BaseCallback
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-EVAL_SEEDS = list(range(10_000, 10_010))  # bench/learning.py PROTOCOL["eval_seeds"]
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from sb3_contrib import CrossQ  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 
+from bench import learning  # noqa: E402
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+EVAL_SEEDS = learning.PROTOCOL["eval_seeds"]
 
 
 def score(model: CrossQ, env_id: str) -> list[float]:
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     marks = [args.steps // 4, args.steps // 2, args.steps]
     row = {"algo": "sb3-crossq", "env": args.env, "seed": args.seed, "steps": args.steps, "critic_hidden": critic,
            "learning_starts": args.start_steps, "scores": {},
-           "versions": {m.__name__: m.__version__ for m in (gym, np, torch)}, "cpu": cpu_model()}
+           "versions": {m.__name__: m.__version__ for m in (gym, np, torch)}, "machine": learning.machine_facts()}
     model = CrossQ("MlpPolicy", args.env, learning_starts=args.start_steps, seed=args.seed, device="cpu",
                    policy_kwargs={"net_arch": {"pi": [256, 256], "qf": critic}})
     model.learn(total_timesteps=args.steps, callback=Milestones(args.env, marks, row, args.out))
