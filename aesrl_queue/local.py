@@ -525,6 +525,8 @@ class LocalRun:
             if interrupted:
                 self.say(f"{outcome}: {STOPPING}")
                 if store is not None and self.started:
+                    # a milestone the last episodes reached (the run may have ended between two looks)
+                    self._step("writing milestone snapshots", self.milestones.check, self.run_dir, store)
                     self._step("writing policy.npz", write_policy, self.run_dir, store)
                     self._step("writing summary.json", write_summary, self.run_dir, store)
             if kids is not None:

@@ -12,7 +12,7 @@ import pytest
 
 from aesrl_queue.store import WORKER_TTL, Store
 from tests.conftest import wait_for
-from tests.faults import check_exactly_once, signal_worker, sleep_config, wait_pid_exit, workers_in_job
+from tests.faults import check_exactly_once, results, signal_worker, sleep_config, wait_pid_exit, workers_in_job
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +28,31 @@ def _wait_replaced(store: Store, before: int, since: float, timeout: float, on_f
     return time.monotonic() - since
 
 
+def _signal_in_job(client, redis_url: str, store: Store, procs, sig: int, kind: str | None = None, exclude: str = "",
+                   timeout: float = 90) -> tuple[dict[str, str], int, float]:
+    """Signal a worker in the middle of a job: (its heartbeat fields, `replaced` before, when).
+    A worker's hash names its job until its next heartbeat (2 s) and the job stays in `started` until
+    the scheduler applies it, so the worker picked may have just finished that job: a signal that
+    lands after the job's result is in the stream is not "mid-job"; the worker (killed: replaced by a
+    fresh one; stopped: continued) is left alone and another job is taken."""
+    for attempt in range(5):
+        w = wait_for(lambda: [w for w in workers_in_job(client, store, kind) if w["name"] != exclude], timeout,
+                     interval=0.05, what=f"a {kind or 'any'} job running", on_fail=procs.logs)[0]
+        time.sleep(0.3)
+        before = store.state()["replaced"]
+        t = time.monotonic()
+        signal_worker(w, sig)
+        if sig == signal.SIGKILL:
+            assert wait_pid_exit(int(w["pid"]))
+        if not any(f.get("job") == w["job"] for _i, f in results(client, store)):
+            return w, before, t
+        if sig == signal.SIGKILL:
+            procs.rq_worker(f"w-again-{attempt}-{w['name']}", redis_url)
+        else:
+            signal_worker(w, signal.SIGCONT)
+    raise AssertionError(f"five {kind or 'any'} jobs ended before the signal reached their worker")
+
+
 def test_kill_9_in_es_and_rl_jobs_and_a_late_result(tmp_path, redis_url, client, procs):
     cfg = sleep_config(tmp_path / "run.json", mean_s=1.5, total_steps=1400, rl_ratio=0.5, initial_steps=300)
     for i in range(4):
@@ -38,16 +63,8 @@ def test_kill_9_in_es_and_rl_jobs_and_a_late_result(tmp_path, redis_url, client,
     wait_for(store.exists, 60, what="the run", on_fail=procs.logs)
 
     # 1. kill -9 a worker in the middle of an ES job; SIGSTOP another one mid-job (its result comes late).
-    es = wait_for(lambda: workers_in_job(client, store, "es"), 90, interval=0.05, what="an ES job running",
-                  on_fail=procs.logs)[0]
-    time.sleep(0.3)
-    before = store.state()["replaced"]
-    t_kill = time.monotonic()
-    signal_worker(es, signal.SIGKILL)
-    assert wait_pid_exit(int(es["pid"]))
-    stopped = wait_for(lambda: [w for w in workers_in_job(client, store) if w["name"] != es["name"]], 30,
-                       interval=0.05, what="another job running", on_fail=procs.logs)[0]
-    signal_worker(stopped, signal.SIGSTOP)
+    es, before, t_kill = _signal_in_job(client, redis_url, store, procs, signal.SIGKILL, "es")
+    stopped, _, _ = _signal_in_job(client, redis_url, store, procs, signal.SIGSTOP, exclude=es["name"], timeout=30)
     es_latency = _wait_replaced(store, before, t_kill, LOSS_LIMIT, procs.logs)
     wait_for(lambda: store.state()["replaced"] >= before + 2, LOSS_LIMIT, interval=0.1,
              what="the stopped worker's job to be replaced", on_fail=procs.logs)
@@ -59,13 +76,7 @@ def test_kill_9_in_es_and_rl_jobs_and_a_late_result(tmp_path, redis_url, client,
              on_fail=procs.logs)
 
     # 2. kill -9 a worker in the middle of an RL job (needs the first critic).
-    rl = wait_for(lambda: workers_in_job(client, store, "rl"), 120, interval=0.05, what="an RL job running",
-                  on_fail=procs.logs)[0]
-    time.sleep(0.3)
-    before = store.state()["replaced"]
-    t_kill = time.monotonic()
-    signal_worker(rl, signal.SIGKILL)
-    assert wait_pid_exit(int(rl["pid"]))
+    rl, before, t_kill = _signal_in_job(client, redis_url, store, procs, signal.SIGKILL, "rl", timeout=120)
     rl_latency = _wait_replaced(store, before, t_kill, LOSS_LIMIT, procs.logs)
     steps_after_faults = store.state()["steps"]
     procs.rq_worker("w-new-2", redis_url)
