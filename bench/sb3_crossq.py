@@ -16,7 +16,7 @@ budget; the paper's is 2048,2048). One torch thread.
 Needs the `bench` extra and sb3-contrib (`pip install sb3-contrib`); nothing in the package imports it.
 
 Usage: python bench/sb3_crossq.py --env Hopper-v5 --seed 1 --out FILE.json [--steps 100000]
-           [--critic-hidden 256,256] [--start-steps 10000]
+           [--critic-hidden 256,256] [--start-steps 10000] [--no-actor-bn]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from sb3_contrib import CrossQ  # noqa: E402
+from sb3_contrib.crossq.policies import Actor, CrossQPolicy  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 
 from bench import learning  # noqa: E402
@@ -55,6 +56,15 @@ def score(model: CrossQ, env_id: str) -> list[float]:
             done = terminated or truncated
         returns.append(round(ret, 3))
     return returns
+
+
+class PlainActorPolicy(CrossQPolicy):
+    """CrossQ's policy with an actor without BatchRenorm layers (a plain MLP trunk, as our flat actors
+    are); the critic keeps them."""
+
+    def make_actor(self, features_extractor=None) -> Actor:
+        kwargs = self._update_features_extractor(self.actor_kwargs, features_extractor)
+        return Actor(**{**kwargs, "batch_norm": False}).to(self.device)
 
 
 class Milestones(BaseCallback):
@@ -81,14 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--critic-hidden", default="256,256")
     ap.add_argument("--start-steps", type=int, default=10_000)
+    ap.add_argument("--no-actor-bn", action="store_true", help="an actor without BatchRenorm layers (a plain "
+                    "MLP, as the flat actors ES perturbs); the critic keeps them")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     critic = [int(n) for n in args.critic_hidden.split(",")]
     marks = [args.steps // 4, args.steps // 2, args.steps]
     row = {"algo": "sb3-crossq", "env": args.env, "seed": args.seed, "steps": args.steps, "critic_hidden": critic,
-           "learning_starts": args.start_steps, "scores": {},
+           "learning_starts": args.start_steps, "actor_bn": not args.no_actor_bn, "scores": {},
            "versions": {m.__name__: m.__version__ for m in (gym, np, torch)}, "machine": learning.machine_facts()}
-    model = CrossQ("MlpPolicy", args.env, learning_starts=args.start_steps, seed=args.seed, device="cpu",
+    model = CrossQ(PlainActorPolicy if args.no_actor_bn else "MlpPolicy", args.env, learning_starts=args.start_steps, seed=args.seed, device="cpu",
                    policy_kwargs={"net_arch": {"pi": [256, 256], "qf": critic}})
     model.learn(total_timesteps=args.steps, callback=Milestones(args.env, marks, row, args.out))
     return 0
