@@ -27,6 +27,7 @@ Learners:
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aesrl_queue import codec
-from aesrl_queue.nets import NetSpec, _torch_activation, get_flat, set_flat
+from aesrl_queue.nets import NetSpec, _mlp, _torch_activation, get_flat, set_flat
 from aesrl_queue.td3 import _actor_step, soft_update, to_numpy, to_tensors
 from aesrl_queue.td3 import critic_step as td3_critic_step
 
@@ -67,6 +68,10 @@ class TD3Learner:
                                self.tau, self.policy_noise, self.noise_clip, self.spec.max_action,
                                not self.delayed_targets, generator)
 
+    def actor_step(self, actor: nn.Module, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
+        """One policy step of `actor` up the critic's Q1; the loss, on the device."""
+        return _actor_step(actor, self.actor_critic(), actor_opt, obs)
+
     def after_actor_step(self) -> None:
         if self.delayed_targets:
             soft_update(self.critic_target, self.critic, self.tau)
@@ -94,11 +99,11 @@ class TD3Learner:
 
 
 class BatchRenorm(nn.Module):
-    """Batch Renormalization (Ioffe 2017) over the features of a (B, F) batch.
+    """Batch Renormalization (Ioffe 2017) over the features of a (B, F) batch, on CrossQ's schedule.
 
-    Training normalises by the batch's statistics corrected toward the running ones (r, d, clipped to
-    r_max, d_max, which open from 1 and 0 over `warmup` training steps, so it starts as batch norm);
-    evaluation by the running statistics alone. The step count is a tensor, so a CUDA graph can replay it."""
+    Training normalises by the batch's statistics: for the first `warmup` training steps as plain batch
+    norm, then corrected toward the running statistics (r, d, clipped to r_max, d_max); evaluation by
+    the running statistics alone. The step count is a tensor, so a CUDA graph can replay it."""
 
     def __init__(self, features: int, momentum: float = 0.01, eps: float = 1e-3, warmup: int = 100_000,
                  r_max: float = 3.0, d_max: float = 5.0) -> None:
@@ -120,11 +125,9 @@ class BatchRenorm(nn.Module):
         std = torch.sqrt(var + self.eps)
         with torch.no_grad():
             running_std = torch.sqrt(self.running_var + self.eps)
-            ramp = (self.steps / self.warmup).clamp(0.0, 1.0)
-            r_max = 1.0 + (self.r_max - 1.0) * ramp
-            d_max = self.d_max * ramp
-            r = torch.minimum(torch.maximum(std / running_std, 1.0 / r_max), r_max)
-            d = torch.minimum(torch.maximum((mean - self.running_mean) / running_std, -d_max), d_max)
+            on = (self.steps > self.warmup).to(x.dtype)  # 0 while warming up: r = 1, d = 0
+            r = torch.clamp(std / running_std, 1.0 / self.r_max, self.r_max) * on + (1.0 - on)
+            d = torch.clamp((mean - self.running_mean) / running_std, -self.d_max, self.d_max) * on
             self.running_mean.lerp_(mean, self.momentum)
             self.running_var.lerp_(var, self.momentum)
             self.steps.add_(1.0)
@@ -133,7 +136,8 @@ class BatchRenorm(nn.Module):
 
 
 class BRNCritic(nn.Module):
-    """CrossQ's twin critics: Batch Renormalization on the input and after every hidden layer."""
+    """CrossQ's twin critics: Batch Renormalization on the input and after every hidden activation
+    (Linear, activation, BatchRenorm; then the output Linear), as CrossQ's code orders them."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], activation: str) -> None:
         super().__init__()
@@ -154,7 +158,7 @@ class BRNCritic(nn.Module):
     def _head(self, layers: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
         x = layers[0](x)
         for i in range(1, len(layers) - 1, 2):
-            x = self._act(layers[i + 1](layers[i](x)))
+            x = layers[i + 1](self._act(layers[i](x)))
         return layers[-1](x)
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,6 +230,9 @@ class CrossQLearner:
         self.critic.eval()
         return torch.stack([loss.detach(), q1.detach().mean()])
 
+    def actor_step(self, actor: nn.Module, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
+        return _actor_step(actor, self.actor_critic(), actor_opt, obs)
+
     def after_actor_step(self) -> None:
         pass
 
@@ -252,7 +259,122 @@ class CrossQLearner:
         self.opt.load_state_dict(to_tensors(ckpt["opt"], self.device))
 
 
-_CLASSES = {"td3": TD3Learner, "crossq": CrossQLearner}
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the bounds SAC's implementations clamp the log-std to
+
+
+class LogStd(nn.Module):
+    """A Gaussian policy's log standard deviation per state: an MLP of the actor's sizes and activation,
+    clamped to [LOG_STD_MIN, LOG_STD_MAX]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], activation: str) -> None:
+        super().__init__()
+        self.layers = _mlp((int(obs_dim), *hidden, int(act_dim)))
+        self._act = _torch_activation(activation)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < last:
+                x = self._act(x)
+        return x.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+
+class CrossQSACLearner(CrossQLearner):
+    """CrossQ as published, on SAC: the policy is a tanh-squashed Gaussian whose mean is the flat
+    actor's pre-tanh output (what ES perturbs; workers and evaluations act with its tanh, the
+    deterministic actor) and whose log standard deviation is this learner's own network; an entropy
+    temperature α (from 1) is tuned toward an entropy of -act_dim. The critic's target draws a' from
+    the policy at s' and subtracts α·log π(a'|s'); the policy step maximises min(Q1, Q2) - α·log π
+    (mean and log-std together), and α follows at each policy step. The critic is CrossQ's."""
+
+    name = "crossq-sac"
+    stochastic = True
+
+    def __init__(self, spec: NetSpec, *, lr: float, gamma: float, tau: float, policy_noise: float,
+                 noise_clip: float, device: str | torch.device = "cpu", capturable: bool = False,
+                 delayed_targets: bool = False) -> None:
+        super().__init__(spec, lr=lr, gamma=gamma, tau=tau, policy_noise=policy_noise, noise_clip=noise_clip,
+                         device=device, capturable=capturable, delayed_targets=delayed_targets)
+        self.log_std = LogStd(spec.obs_dim, spec.act_dim, spec.hidden, spec.activation).to(self.device)
+        self.log_alpha = torch.zeros((), device=self.device, requires_grad=True)
+        self.target_entropy = -float(spec.act_dim)
+        self.std_opt = torch.optim.Adam(self.log_std.parameters(), lr=lr, betas=self.betas, capturable=capturable)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=lr, capturable=capturable)
+
+    def sample(self, actor: nn.Module, obs: torch.Tensor, noise: torch.Tensor | None = None,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action, log π(action | obs)), reparameterised: tanh(mean + std·ε)·max_action, ε standard
+        normal (`noise` when given); the log-probability is of the squashed action in [-1, 1]."""
+        mean, log_std = actor.pre_tanh(obs), self.log_std(obs)
+        if noise is None:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        squashed = torch.tanh(mean + log_std.exp() * noise)
+        logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
+        logp = logp - torch.log(1.0 - squashed.pow(2) + 1e-6).sum(-1, keepdim=True)
+        return squashed * self.spec.max_action, logp
+
+    def explore(self, actor: nn.Module, obs: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
+        """A behaviour action for one observation (the baseline's exploration): a draw of the policy."""
+        with torch.no_grad():
+            noise = torch.as_tensor(rng.standard_normal(self.spec.act_dim), dtype=obs.dtype, device=obs.device)
+            act, _ = self.sample(actor, obs[None], noise[None])
+        return act[0].cpu().numpy()
+
+    def critic_step(self, batch: dict[str, torch.Tensor], target_actor: nn.Module,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+        obs, act, next_obs = batch["obs"], batch["act"], batch["next_obs"]
+        rew, done = batch["rew"].reshape(-1, 1), batch["done"].reshape(-1, 1)
+        with torch.no_grad():
+            next_act, next_logp = self.sample(target_actor, next_obs, generator=generator)
+            alpha = self.log_alpha.exp()
+        self.critic.train()
+        q1_all, q2_all = self.critic(torch.cat([obs, next_obs]), torch.cat([act, next_act]))
+        n = obs.shape[0]
+        q1, q2 = q1_all[:n], q2_all[:n]
+        next_q = (torch.min(q1_all[n:], q2_all[n:]) - alpha * next_logp).detach()
+        y = rew + self.gamma * (1.0 - done) * next_q
+        loss = 0.5 * (F.mse_loss(q1, y) + F.mse_loss(q2, y))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.critic.eval()
+        return torch.stack([loss.detach(), q1.detach().mean()])
+
+    def actor_step(self, actor: nn.Module, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
+        alpha = self.log_alpha.detach().exp()  # the temperature before this step's update, as SAC's code
+        act, logp = self.sample(actor, obs)
+        alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+        (self.log_alpha.grad,) = torch.autograd.grad(alpha_loss, [self.log_alpha])
+        self.alpha_opt.step()
+        q1, q2 = self.actor_critic()(obs, act)
+        loss = (alpha * logp - torch.min(q1, q2)).mean()
+        params = [p for p in actor.parameters() if p.requires_grad] + list(self.log_std.parameters())
+        for p, g in zip(params, torch.autograd.grad(loss, params), strict=True):
+            p.grad = g  # the critic's parameters get none
+        actor_opt.step()
+        self.std_opt.step()
+        return loss.detach()
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {**super().weights(), "log_std": get_flat(self.log_std),
+                "log_alpha": self.log_alpha.detach().reshape(1).cpu().numpy().copy()}
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "std_opt": to_numpy(self.std_opt.state_dict()),
+                "alpha_opt": to_numpy(self.alpha_opt.state_dict())}
+
+    def load_state(self, ckpt: dict[str, Any]) -> None:
+        super().load_state(ckpt)
+        set_flat(self.log_std, codec.check_array(ckpt["log_std"], what="ckpt log_std"))
+        with torch.no_grad():
+            self.log_alpha.copy_(torch.as_tensor(codec.check_array(ckpt["log_alpha"], what="ckpt log_alpha")).reshape(()))
+        self.std_opt.load_state_dict(to_tensors(ckpt["std_opt"], self.device))
+        self.alpha_opt.load_state_dict(to_tensors(ckpt["alpha_opt"], self.device))
+
+
+_CLASSES = {"td3": TD3Learner, "crossq": CrossQLearner, "crossq-sac": CrossQSACLearner}
 
 
 def learner_class(name: str):
@@ -299,11 +421,23 @@ class Agent:
             out["actor_loss"] = values[2]
         return out
 
+    def explore(self, obs: np.ndarray, rng: np.random.Generator, expl_noise: float) -> np.ndarray:
+        """The behaviour action at `obs`: the actor plus Gaussian noise of expl_noise·max_action
+        (clipped to the bounds), or a stochastic learner's own draw of its policy."""
+        obs_t = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        if getattr(self.learner, "stochastic", False):
+            return self.learner.explore(self.actor, obs_t, rng).astype(np.float32)
+        max_a = self.spec.max_action
+        with torch.no_grad():
+            a = self.actor(obs_t[None])[0]
+        act = a.cpu().numpy() + rng.normal(0.0, expl_noise * max_a, size=self.spec.act_dim)
+        return np.clip(act, -max_a, max_a).astype(np.float32)
+
     def _iteration(self, batch: dict[str, torch.Tensor], policy: bool) -> torch.Tensor:
         target = self.actor if self.actor_target is None else self.actor_target
         stats = self.learner.critic_step(batch, target)
         if policy:
-            actor_loss = _actor_step(self.actor, self.learner.actor_critic(), self.actor_opt, batch["obs"])
+            actor_loss = self.learner.actor_step(self.actor, self.actor_opt, batch["obs"])
             self.learner.after_actor_step()
             if self.actor_target is not None:
                 soft_update(self.actor_target, self.actor, self.tau)
@@ -331,8 +465,10 @@ class Agent:
             return
         if policy not in self._graphs:
             graph = torch.cuda.CUDAGraph()
-            self.learner.opt.zero_grad(set_to_none=True)
-            self.actor_opt.zero_grad(set_to_none=True)
+            for opt in (self.learner.opt, self.actor_opt, getattr(self.learner, "std_opt", None),
+                        getattr(self.learner, "alpha_opt", None)):
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
             with torch.cuda.graph(graph):  # a capture runs nothing: replay it for this iteration too
                 self._iteration(replay.sample_in_graph(batch_size, self._size), policy)
             self._graphs[policy] = graph

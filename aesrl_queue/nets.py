@@ -65,6 +65,10 @@ class Actor(nn.Module):
         self._act = _torch_activation(activation)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.max_action * torch.tanh(self.pre_tanh(obs))
+
+    def pre_tanh(self, obs: torch.Tensor) -> torch.Tensor:
+        """The last layer's output before the squashing tanh (a SAC-style learner's Gaussian mean)."""
         x = obs
         last = len(self.layers) - 1
         # Iterate instead of slicing: a ModuleList slice builds a new module on every call.
@@ -72,7 +76,7 @@ class Actor(nn.Module):
             x = layer(x)
             if i < last:
                 x = self._act(x)
-        return self.max_action * torch.tanh(x)
+        return x
 
 
 class Critic(nn.Module):

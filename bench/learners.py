@@ -65,7 +65,7 @@ def micro_row(name: str, hidden: tuple[int, ...], device: str, seconds: float) -
 
     obs_dim, act_dim, batch = 17, 6, 256  # HalfCheetah's sizes
     spec = NetSpec(obs_dim=obs_dim, act_dim=act_dim, max_action=1.0, hidden=(400, 300), critic_hidden=hidden,
-                   critic_activation="relu" if name == "crossq" else "leaky_relu")
+                   critic_activation="relu" if name.startswith("crossq") else "leaky_relu")
     rng = np.random.default_rng(0)
     n = 100_000
     replay = ReplayBuffer(obs_dim, act_dim, n, device=device)
@@ -161,7 +161,7 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
 
     algo = f"td3-{learner}" + (f"-{'-'.join(map(str, critic_hidden))}" if critic_hidden else "")
     own = {k: list(v) if isinstance(v, tuple) else v for k, v in LEARNER_DEFAULTS[learner].items()
-           if not quick or k not in ("critic_hidden",)}
+           if not quick or k not in ("critic_hidden", "hidden")}
     if critic_hidden:
         own["critic_hidden"] = list(critic_hidden)
     base = learning.QUICK if quick else {**learning.PROTOCOL, "budget_steps": steps}

@@ -121,7 +121,6 @@ class TD3Baseline:
         rng = np.random.default_rng([cfg.seed, self.episodes])
         gen = torch.Generator().manual_seed(cfg.seed + 11 + self.episodes)
         env.action_space.seed(cfg.seed + self.episodes)
-        max_a = cfg.max_action
         obs, _ = env.reset(seed=cfg.seed + self.episodes)
         ep = {k: [] for k in ("obs", "act", "rew", "next_obs", "done")}
         ep_ret, t0 = 0.0, time.time()
@@ -133,10 +132,7 @@ class TD3Baseline:
             if self.total < cfg.initial_steps:
                 act = env.action_space.sample().astype(np.float32)
             else:
-                with torch.no_grad():
-                    a = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=self.device)[None])[0]
-                act = a.cpu().numpy() + rng.normal(0.0, cfg.expl_noise * max_a, size=cfg.act_dim)
-                act = np.clip(act, -max_a, max_a).astype(np.float32)
+                act = agent.explore(obs, rng, cfg.expl_noise)
             next_obs, rew, terminated, truncated, _ = env.step(act)
             ep_len = len(ep["rew"]) + 1
             done = float(terminated)  # a time limit is not a terminal state

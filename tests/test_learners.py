@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aesrl_queue.config import LEARNER_DEFAULTS, ConfigError, RunConfig
-from aesrl_queue.learners import Agent, BatchRenorm, learner_class
+from aesrl_queue.learners import Agent, BatchRenorm, CrossQSACLearner, learner_class
 from aesrl_queue.nets import NetSpec, get_flat
 from aesrl_queue.td3 import train_actor
 
@@ -28,11 +28,13 @@ def _batch(n: int = 64, seed: int = 0) -> dict[str, torch.Tensor]:
             "done": torch.zeros(n)}
 
 
-@pytest.mark.parametrize("name", ["td3", "crossq"])
+@pytest.mark.parametrize("name", ["td3", "crossq", "crossq-sac"])
 def test_each_learner_lowers_its_loss_and_resumes_bit_for_bit(name) -> None:
     torch.manual_seed(0)
     cls = learner_class(name)
     learner = cls(SPEC, **KW)
+    if name == "crossq-sac":  # α near 0: the target's entropy term, a fresh draw each step, would hide the fit
+        learner.log_alpha.data.fill_(-20.0)
     actor = SPEC.make_actor()
     batch = _batch()
     first = [learner.critic_step(batch, actor).tolist()[0] for _ in range(5)]
@@ -92,19 +94,21 @@ def test_crossq_normalises_both_halves_together_and_evaluates_on_running_statist
     assert all(torch.equal(a, b) for a, b in zip(stats, critic.buffers(), strict=True))
 
 
-def test_batch_renorm_starts_as_batch_norm_and_clips_after_warmup() -> None:
+def test_batch_renorm_is_batch_norm_through_its_warmup_and_clips_after() -> None:
     brn = BatchRenorm(3, warmup=10)
     x = torch.randn(256, 3) * 5 + 2
     y = brn(x)  # step 0: r = 1, d = 0, plain batch norm
     torch.testing.assert_close(y.mean(0), torch.zeros(3), atol=1e-4, rtol=0)
     brn.steps.fill_(10.0)
+    y = brn(x)  # still warming up (10 steps): plain batch norm, whatever the running statistics
+    torch.testing.assert_close(y.std(0), torch.ones(3), atol=1e-2, rtol=0)
     brn.running_var.fill_(1.0)
     brn.running_mean.zero_()
-    y = brn(x)  # r clipped to 3 (batch std 5 against running 1): the output's spread is 3
+    y = brn(x)  # past the warm-up: r clipped to 3 (batch std 5 against running 1): the output's spread is 3
     assert 2.5 < float(y.std(0).mean()) < 3.5
 
 
-@pytest.mark.parametrize("name", ["td3", "crossq"])
+@pytest.mark.parametrize("name", ["td3", "crossq", "crossq-sac"])
 def test_the_agent_takes_a_policy_step_every_policy_delay(name) -> None:
     torch.manual_seed(0)
     agent = Agent(SPEC, name, lr=1e-3)
@@ -115,7 +119,7 @@ def test_the_agent_takes_a_policy_step_every_policy_delay(name) -> None:
     np.testing.assert_array_equal(agent.actor_params(), actor0)
     assert "actor_loss" in agent.train_step(_batch(seed=delay))
     assert not np.array_equal(agent.actor_params(), actor0)
-    assert (agent.actor_target is None) == (name == "crossq")
+    assert (agent.actor_target is None) == name.startswith("crossq")
 
 
 def test_the_learner_setting_is_validated_and_brings_its_defaults() -> None:
@@ -126,6 +130,10 @@ def test_the_learner_setting_is_validated_and_brings_its_defaults() -> None:
         RunConfig.from_preset("Pendulum-v1", algo="td3", learner="sac").validate()
     with pytest.raises(ConfigError, match="trains no critic"):
         RunConfig.from_preset("Pendulum-v1", algo="es", learner="crossq").validate()
+    with pytest.raises(ConfigError, match="--algo td3 only"):
+        RunConfig.from_preset("Pendulum-v1", algo="aesrl", learner="crossq-sac").validate()
+    sac = RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq-sac").resolve()
+    assert sac.hidden == (256, 256) and sac.activation == "relu"
     # a td3 run keeps the spec hash it always had; another learner's critic is another spec
     plain = RunConfig.from_preset("Pendulum-v1", algo="aesrl").resolve()
     other = RunConfig.from_preset("Pendulum-v1", algo="aesrl", learner="crossq",
@@ -166,7 +174,7 @@ def test_a_step_captured_as_a_cuda_graph_computes_what_the_eager_step_does(name)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ["td3", "crossq"])
+@pytest.mark.parametrize("name", ["td3", "crossq", "crossq-sac"])
 def test_the_baseline_agent_trains_from_captured_graphs_on_cuda(name) -> None:
     from aesrl_queue.td3 import ReplayBuffer
 
@@ -191,3 +199,36 @@ def test_the_baseline_agent_trains_from_captured_graphs_on_cuda(name) -> None:
     assert agent.total_it == 300 and len(agent._graphs) == 2
     assert not np.array_equal(agent.actor_params(), actor0)
     assert td_loss() < before
+
+
+def test_crossq_sac_draws_a_squashed_gaussian_around_the_flat_actor_and_tunes_its_temperature() -> None:
+    """The policy's mean is the flat actor's pre-tanh output (the deterministic actor ES perturbs and
+    workers run is its tanh); log π is the tanh-transformed Gaussian's; α moves toward the target
+    entropy; the learner's log-std network and α resume from the checkpoint."""
+    torch.manual_seed(0)
+    learner = CrossQSACLearner(SPEC, **KW)
+    actor = SPEC.make_actor()
+    obs = torch.randn(512, SPEC.obs_dim)
+    noise = torch.zeros(512, SPEC.act_dim)
+    act, _ = learner.sample(actor, obs, noise)
+    torch.testing.assert_close(act, actor(obs))  # no noise: the deterministic actor
+    act, logp = learner.sample(actor, obs)
+    base = torch.distributions.Normal(actor.pre_tanh(obs), learner.log_std(obs).exp())
+    want = torch.distributions.TransformedDistribution(base, [torch.distributions.TanhTransform()])
+    torch.testing.assert_close(logp.squeeze(1), want.log_prob(act.clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1),
+                               atol=5e-3, rtol=1e-3)
+    # a policy far wider than the target entropy allows (-act_dim): α falls
+    opt = torch.optim.Adam(actor.parameters(), lr=1e-3)
+    for i in range(30):
+        learner.critic_step(_batch(seed=i), actor)
+        learner.actor_step(actor, opt, obs[:64])
+    assert float(learner.log_alpha) < 0.0
+    saved = learner.state()
+    again = CrossQSACLearner(SPEC, **KW)
+    again.load_state(saved)
+    assert float(again.log_alpha) == float(learner.log_alpha)
+    torch.testing.assert_close(again.log_std(obs), learner.log_std(obs), rtol=0, atol=0)
+    # the baseline's behaviour action is a draw, inside the bounds
+    rng = np.random.default_rng(0)
+    draws = np.array([learner.explore(actor, obs[0], rng) for _ in range(50)])
+    assert draws.shape == (50, SPEC.act_dim) and np.abs(draws).max() <= 1.0 and draws.std(0).min() > 0.01
