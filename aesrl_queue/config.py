@@ -34,8 +34,6 @@ LEARNER_DEFAULTS: dict[str, dict[str, Any]] = {
     "crossq-sac": {"critic_hidden": (2048, 2048), "critic_activation": "relu", "critic_lr": 1e-3, "actor_lr": 1e-3,
                    "hidden": (256, 256), "activation": "relu"},
 }
-# learners whose actor and temperature train in one process only (no critic daemon, no RL jobs yet)
-ONE_PROCESS_LEARNERS = ("crossq-sac",)
 LEARNERS = tuple(LEARNER_DEFAULTS)
 
 # The mean and variance rules a run selects (aesrl_queue/rules.py defines them); these two names
@@ -107,7 +105,7 @@ class RunConfig:
     critic_hidden: tuple[int, ...] = _setting((400, 300), "critic hidden layer sizes")
     critic_activation: str = _setting("leaky_relu", f"critic activation: {', '.join(ACTIVATIONS)}")
     # the off-policy learner (critic daemon, RL jobs, td3) and RL jobs
-    learner: str = _setting("td3", "off-policy learner of the critic and the RL jobs: td3 (the paper's), crossq, crossq-sac (--algo td3 only)")
+    learner: str = _setting("td3", "off-policy learner of the critic and the RL jobs: td3 (the paper's), crossq, crossq-sac")
     actor_lr: float = _setting(1e-3, "actor learning rate")
     critic_lr: float = _setting(1e-3, "critic learning rate")
     batch_size: int = _setting(256, "TD3 batch size")
@@ -242,8 +240,6 @@ class RunConfig:
         need(self.learner == "td3" or REGISTRY[self.algo].learner, "learner",
              f"--algo {self.algo} trains no critic; a learner applies to "
              f"{', '.join(n for n, a in REGISTRY.items() if a.learner)}")
-        need(self.learner not in ONE_PROCESS_LEARNERS or self.algo == "td3", "learner",
-             f"{self.learner} trains its policy's log-std and temperature beside its actor: --algo td3 only")
         need(self.mean_rule in MEAN_RULES, "mean_rule", f"{self.mean_rule!r} is not one of {', '.join(MEAN_RULES)}")
         need(self.var_rule in VAR_RULES, "var_rule", f"{self.var_rule!r} is not one of {', '.join(VAR_RULES)}")
         need(self.r != "auto", "r", "'auto' was removed; use 'adaptive', 'paper' or a number")

@@ -281,13 +281,48 @@ class LogStd(nn.Module):
         return x.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
 
+def squashed_draw(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor,
+                  max_action: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(action, log π(action)): tanh(mean + std·noise)·max_action, reparameterised, and the
+    log-probability of the squashed action in [-1, 1] (the Gaussian's, less the tanh's log-Jacobian)."""
+    squashed = torch.tanh(mean + log_std.exp() * noise)
+    logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
+    logp = logp - torch.log(1.0 - squashed.pow(2) + 1e-6).sum(-1, keepdim=True)
+    return squashed * max_action, logp
+
+
+class SACJobCritic(nn.Module):
+    """What an RL job's actor climbs with crossq-sac, all frozen: the critic (on its running
+    statistics), the published log-std network and temperature α. The actor's loss is SAC's,
+    α·log π(a|s) - min(Q1, Q2)(s, a) with a drawn around the actor's mean."""
+
+    def __init__(self, critic: BRNCritic, log_std: LogStd, log_alpha: float, max_action: float) -> None:
+        super().__init__()
+        self.critic, self.log_std, self.max_action = critic, log_std, float(max_action)
+        self.register_buffer("alpha", torch.tensor(math.exp(log_alpha)))
+
+    def q1(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return self.critic.q1(obs, act)
+
+    def actor_loss(self, actor: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+        mean = actor.pre_tanh(obs)
+        act, logp = squashed_draw(mean, self.log_std(obs), torch.randn_like(mean), self.max_action)
+        q1, q2 = self.critic(obs, act)
+        return (self.alpha * logp - torch.min(q1, q2)).mean()
+
+
 class CrossQSACLearner(CrossQLearner):
     """CrossQ as published, on SAC: the policy is a tanh-squashed Gaussian whose mean is the flat
     actor's pre-tanh output (what ES perturbs; workers and evaluations act with its tanh, the
     deterministic actor) and whose log standard deviation is this learner's own network; an entropy
     temperature α (from 1) is tuned toward an entropy of -act_dim. The critic's target draws a' from
-    the policy at s' and subtracts α·log π(a'|s'); the policy step maximises min(Q1, Q2) - α·log π
-    (mean and log-std together), and α follows at each policy step. The critic is CrossQ's."""
+    the policy at s' and subtracts α·log π(a'|s'). The critic is CrossQ's.
+
+    With an actor of its own (the `td3` baseline's Agent, delayed_targets=True) the policy step
+    maximises min(Q1, Q2) - α·log π, mean and log-std together, and α follows, every third critic
+    step. The critic daemon has no actor: there each critic step also takes that step for the log-std
+    and α alone, around the target policy's mean (μ), and RL jobs climb the published critic, log-std
+    and α with SAC's loss (SACJobCritic)."""
 
     name = "crossq-sac"
     stochastic = True
@@ -297,6 +332,7 @@ class CrossQSACLearner(CrossQLearner):
                  delayed_targets: bool = False) -> None:
         super().__init__(spec, lr=lr, gamma=gamma, tau=tau, policy_noise=policy_noise, noise_clip=noise_clip,
                          device=device, capturable=capturable, delayed_targets=delayed_targets)
+        self.spread_steps = not delayed_targets  # the daemon: the log-std and α step with each critic step
         self.log_std = LogStd(spec.obs_dim, spec.act_dim, spec.hidden, spec.activation).to(self.device)
         self.log_alpha = torch.zeros((), device=self.device, requires_grad=True)
         self.target_entropy = -float(spec.act_dim)
@@ -305,15 +341,12 @@ class CrossQSACLearner(CrossQLearner):
 
     def sample(self, actor: nn.Module, obs: torch.Tensor, noise: torch.Tensor | None = None,
                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(action, log π(action | obs)), reparameterised: tanh(mean + std·ε)·max_action, ε standard
-        normal (`noise` when given); the log-probability is of the squashed action in [-1, 1]."""
-        mean, log_std = actor.pre_tanh(obs), self.log_std(obs)
+        """(action, log π(action | obs)) drawn around `actor`'s mean (`noise` standard normal, drawn
+        when not given)."""
+        mean = actor.pre_tanh(obs)
         if noise is None:
             noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        squashed = torch.tanh(mean + log_std.exp() * noise)
-        logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
-        logp = logp - torch.log(1.0 - squashed.pow(2) + 1e-6).sum(-1, keepdim=True)
-        return squashed * self.spec.max_action, logp
+        return squashed_draw(mean, self.log_std(obs), noise, self.spec.max_action)
 
     def explore(self, actor: nn.Module, obs: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
         """A behaviour action for one observation (the baseline's exploration): a draw of the policy."""
@@ -340,22 +373,41 @@ class CrossQSACLearner(CrossQLearner):
         loss.backward()
         self.opt.step()
         self.critic.eval()
+        if self.spread_steps:
+            self._policy_step(target_actor, None, obs, generator)
         return torch.stack([loss.detach(), q1.detach().mean()])
 
     def actor_step(self, actor: nn.Module, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
+        return self._policy_step(actor, actor_opt, obs)
+
+    def _policy_step(self, actor: nn.Module, actor_opt: torch.optim.Optimizer | None, obs: torch.Tensor,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+        """SAC's policy step: α toward the target entropy, then the log-std (and the actor's mean, with
+        `actor_opt`; held where there is none) up min(Q1, Q2) - α·log π."""
         alpha = self.log_alpha.detach().exp()  # the temperature before this step's update, as SAC's code
-        act, logp = self.sample(actor, obs)
+        act, logp = self.sample(actor, obs, generator=generator)
         alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
         (self.log_alpha.grad,) = torch.autograd.grad(alpha_loss, [self.log_alpha])
         self.alpha_opt.step()
         q1, q2 = self.actor_critic()(obs, act)
         loss = (alpha * logp - torch.min(q1, q2)).mean()
-        params = [p for p in actor.parameters() if p.requires_grad] + list(self.log_std.parameters())
+        params = list(self.log_std.parameters())
+        if actor_opt is not None:
+            params += [p for p in actor.parameters() if p.requires_grad]
         for p, g in zip(params, torch.autograd.grad(loss, params), strict=True):
             p.grad = g  # the critic's parameters get none
-        actor_opt.step()
         self.std_opt.step()
+        if actor_opt is not None:
+            actor_opt.step()
         return loss.detach()
+
+    @classmethod
+    def critic_for_actor(cls, spec: NetSpec, weights: dict[str, Any], device: str | torch.device) -> nn.Module:
+        critic = super().critic_for_actor(spec, weights, device)
+        log_std = LogStd(spec.obs_dim, spec.act_dim, spec.hidden, spec.activation).to(device)
+        set_flat(log_std, codec.check_array(weights.get("log_std"), what="log-std weights"))
+        log_alpha = codec.check_array(weights.get("log_alpha"), what="log alpha").reshape(-1)
+        return SACJobCritic(critic, log_std, float(log_alpha[0]), spec.max_action).to(device).requires_grad_(False)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {**super().weights(), "log_std": get_flat(self.log_std),

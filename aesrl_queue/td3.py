@@ -123,7 +123,8 @@ def critic_update(
 
 
 def _actor_step(actor: nn.Module, critic: Critic, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
-    loss = -critic.q1(obs, actor(obs)).mean()
+    # a stochastic learner's job critic (SACJobCritic) gives its own loss; TD3's and CrossQ's, -Q1
+    loss = critic.actor_loss(actor, obs) if hasattr(critic, "actor_loss") else -critic.q1(obs, actor(obs)).mean()
     params = [p for p in actor.parameters() if p.requires_grad]
     # Gradients w.r.t. the actor only: nothing accumulates on the critic, whether or not its
     # parameters require grad, and autograd skips the critic's weight gradients entirely.

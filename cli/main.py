@@ -142,7 +142,7 @@ def config_options(f):
         click.option("--learner", type=click.Choice(LEARNERS), default=None,
                      help="Off-policy learner of the critic daemon, the RL jobs and td3: td3 (default, the "
                           "paper's), crossq (batch-renormalised 2048-2048 critics, no target networks) or "
-                          "crossq-sac (that critic with SAC's squashed Gaussian actor; --algo td3 only)."),
+                          "crossq-sac (that critic with SAC's squashed Gaussian policy around the actor)."),
         click.option("--parallel-critic/--serial-critic", "parallel_critic", default=None,
                      help="pcemrl: train the critic in the critic daemon while jobs run (default: serial, "
                           "between generations)."),

@@ -55,7 +55,7 @@ def test_each_learner_lowers_its_loss_and_resumes_bit_for_bit(name) -> None:
     assert b == c
 
 
-@pytest.mark.parametrize("name", ["td3", "crossq"])
+@pytest.mark.parametrize("name", ["td3", "crossq", "crossq-sac"])
 def test_an_rl_job_rebuilds_the_published_critic(name) -> None:
     torch.manual_seed(0)
     cls = learner_class(name)
@@ -130,8 +130,6 @@ def test_the_learner_setting_is_validated_and_brings_its_defaults() -> None:
         RunConfig.from_preset("Pendulum-v1", algo="td3", learner="sac").validate()
     with pytest.raises(ConfigError, match="trains no critic"):
         RunConfig.from_preset("Pendulum-v1", algo="es", learner="crossq").validate()
-    with pytest.raises(ConfigError, match="--algo td3 only"):
-        RunConfig.from_preset("Pendulum-v1", algo="aesrl", learner="crossq-sac").validate()
     sac = RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq-sac").resolve()
     assert sac.hidden == (256, 256) and sac.activation == "relu"
     # a td3 run keeps the spec hash it always had; another learner's critic is another spec
@@ -228,6 +226,15 @@ def test_crossq_sac_draws_a_squashed_gaussian_around_the_flat_actor_and_tunes_it
     again.load_state(saved)
     assert float(again.log_alpha) == float(learner.log_alpha)
     torch.testing.assert_close(again.log_std(obs), learner.log_std(obs), rtol=0, atol=0)
+    # the critic daemon's learner (no actor of its own) moves the log-std and α with each critic step,
+    # never the target actor (μ) it draws around
+    daemon = CrossQSACLearner(SPEC, **KW)
+    mu = get_flat(actor)
+    std0 = get_flat(daemon.log_std)
+    for i in range(5):
+        daemon.critic_step(_batch(seed=i), actor)
+    assert not np.array_equal(get_flat(daemon.log_std), std0) and float(daemon.log_alpha) != 0.0
+    np.testing.assert_array_equal(get_flat(actor), mu)
     # the baseline's behaviour action is a draw, inside the bounds
     rng = np.random.default_rng(0)
     draws = np.array([learner.explore(actor, obs[0], rng) for _ in range(50)])

@@ -34,12 +34,13 @@ RUNS = {
     "pcemrl": ("--algo", "pcemrl", "--serial-critic", "--steps", "3200"),
     "pcemrl-pc": ("--algo", "pcemrl", "--parallel-critic", "--steps", "3200"),
     "td3": ("--algo", "td3", "--steps", "4000"),
-    # the other learner, in the daemon and RL jobs of an asynchronous run and alone
-    "aesrl-crossq": ("--algo", "aesrl", "--learner", "crossq", "--steps", "3200"),
-    "td3-crossq": ("--algo", "td3", "--learner", "crossq", "--steps", "4000"),
+    # the other learners, in the daemon and RL jobs of an asynchronous run and alone: crossq-sac's
+    # checkpoint is crossq's (its critic, statistics and optimizer) with its log-std, α and their optimizers
+    "aesrl-crossq-sac": ("--algo", "aesrl", "--learner", "crossq-sac", "--steps", "3200"),
+    "td3-crossq-sac": ("--algo", "td3", "--learner", "crossq-sac", "--steps", "4000"),
 }
 SYNC = ("cemrl", "pcemrl", "pcemrl-pc")
-TD3 = ("td3", "td3-crossq")
+TD3 = ("td3", "td3-crossq-sac")
 NO_CRITIC = ("es", *TD3)
 WORKERS = 4
 
