@@ -39,8 +39,10 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 TARGETS = {"HalfCheetah-v5": 6500.0, "Hopper-v5": 1800.0, "Walker2d-v5": 2500.0}
-# (learner, critic sizes): td3 at the protocol's and the paper's sizes, crossq at its published one
-MICRO = [("td3", (256, 256)), ("td3", (400, 300)), ("crossq", (2048, 2048)), ("crossq", (256, 256))]
+# (learner, critic sizes): td3 at the protocol's and the paper's sizes, crossq at its published one;
+# a crossq-sac step is the daemon's (its critic step and the log-std and α step around the target actor)
+MICRO = [("td3", (256, 256)), ("td3", (400, 300)), ("crossq", (2048, 2048)), ("crossq", (256, 256)),
+         ("crossq-sac", (2048, 2048)), ("crossq-sac", (256, 256))]
 
 
 def _timed(step, seconds: float, sync) -> float:
