@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aesrl_queue import codec
-from aesrl_queue.nets import NetSpec, _mlp, _torch_activation, get_flat, set_flat
+from aesrl_queue.nets import NetSpec, _mlp, _mlp_forward, _torch_activation, get_flat, set_flat
 from aesrl_queue.td3 import _actor_step, soft_update, to_numpy, to_tensors
 from aesrl_queue.td3 import critic_step as td3_critic_step
 
@@ -272,13 +272,7 @@ class LogStd(nn.Module):
         self._act = _torch_activation(activation)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < last:
-                x = self._act(x)
-        return x.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return _mlp_forward(self.layers, self._act, obs).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
 
 def squashed_draw(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor,

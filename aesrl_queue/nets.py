@@ -45,6 +45,17 @@ def _mlp(sizes: Sequence[int]) -> nn.ModuleList:
     return nn.ModuleList(nn.Linear(i, o) for i, o in zip(sizes[:-1], sizes[1:], strict=True))
 
 
+def _mlp_forward(layers: nn.ModuleList, act, x: torch.Tensor) -> torch.Tensor:
+    """x through `layers` with `act` between them (none after the last)."""
+    last = len(layers) - 1
+    # Iterate instead of slicing: a ModuleList slice builds a new module on every call.
+    for i, layer in enumerate(layers):
+        x = layer(x)
+        if i < last:
+            x = act(x)
+    return x
+
+
 class Actor(nn.Module):
     """Deterministic policy: MLP with a configurable hidden activation and a max_action·tanh output."""
 
@@ -69,14 +80,7 @@ class Actor(nn.Module):
 
     def pre_tanh(self, obs: torch.Tensor) -> torch.Tensor:
         """The last layer's output before the squashing tanh (a SAC-style learner's Gaussian mean)."""
-        x = obs
-        last = len(self.layers) - 1
-        # Iterate instead of slicing: a ModuleList slice builds a new module on every call.
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < last:
-                x = self._act(x)
-        return x
+        return _mlp_forward(self.layers, self._act, obs)
 
 
 class Critic(nn.Module):
@@ -99,12 +103,7 @@ class Critic(nn.Module):
         self._act = _torch_activation(activation)
 
     def _head(self, layers: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
-        last = len(layers) - 1
-        for i, layer in enumerate(layers):
-            x = layer(x)
-            if i < last:
-                x = self._act(x)
-        return x
+        return _mlp_forward(layers, self._act, x)
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([obs, act], dim=-1)

@@ -39,6 +39,15 @@ def redis_server(tmp_path):
     server.cleanup()
 
 
+def password_server(directory: Path, password: str):
+    """A redis-server of its own under `directory` with `password`, quick to serve a full resync to a
+    replica (no diskless-sync delay); a generator for a fixture to yield from."""
+    server = RedisServer(directory=directory, password=password,
+                         extra_args=["--repl-diskless-sync-delay", "0"]).start()
+    yield server
+    server.cleanup()
+
+
 @pytest.fixture()
 def redis_url(redis_server):
     return redis_server.url

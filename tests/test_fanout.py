@@ -15,9 +15,8 @@ import redis
 
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import _FANOUT, FANOUT_ENV, connect
-from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import CURRENT, FANOUT_FIELD, Fanout, Store, incarnation_token, live_workers, run_token
-from tests.conftest import wait_for
+from tests.conftest import password_server, wait_for
 from tests.faults import check_exactly_once, sleep_config, wait_pid_exit
 from workers import host_replica, jobs, replica
 
@@ -29,17 +28,12 @@ HOST_KEYS = re.compile(r"^aesrl:[^:]+:(dist:\d+|current|critic|obs|obs:count|obs
 
 @pytest.fixture()
 def primary(tmp_path):
-    server = RedisServer(directory=tmp_path / "primary", password=PW).start()
-    yield server
-    server.cleanup()
+    yield from password_server(tmp_path / "primary", PW)
 
 
 @pytest.fixture()
 def fanout(tmp_path):
-    server = RedisServer(directory=tmp_path / "fanout", password=FPW,
-                         extra_args=["--repl-diskless-sync-delay", "0"]).start()
-    yield server
-    server.cleanup()
+    yield from password_server(tmp_path / "fanout", FPW)
 
 
 @pytest.fixture()

@@ -12,7 +12,14 @@ import pytest
 
 from aesrl_queue.store import WORKER_TTL, Store
 from tests.conftest import wait_for
-from tests.faults import check_exactly_once, results, signal_worker, sleep_config, wait_pid_exit, workers_in_job
+from tests.faults import (
+    check_exactly_once,
+    results,
+    signal_worker,
+    sleep_config,
+    wait_pid_exit,
+    workers_in_job,
+)
 
 pytestmark = pytest.mark.slow
 

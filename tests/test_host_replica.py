@@ -18,9 +18,8 @@ import redis
 from aesrl_queue import codec
 from aesrl_queue.config import RunConfig
 from aesrl_queue.connection import connect
-from aesrl_queue.redis_server import RedisServer
 from aesrl_queue.store import Store, host_beat, live_workers, run_token, worker_beat
-from tests.conftest import wait_for
+from tests.conftest import password_server, wait_for
 from tests.faults import check_exactly_once
 from workers import host_replica, jobs, replica
 
@@ -29,10 +28,7 @@ PW = "primary-pw"
 
 @pytest.fixture()
 def primary(tmp_path):
-    server = RedisServer(directory=tmp_path / "primary", password=PW,
-                         extra_args=["--repl-diskless-sync-delay", "0"]).start()
-    yield server
-    server.cleanup()
+    yield from password_server(tmp_path / "primary", PW)
 
 
 @pytest.fixture()
