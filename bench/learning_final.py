@@ -22,6 +22,12 @@ import sys
 from pathlib import Path
 
 
+def final_policy_keys(protocol: dict, scores: dict, reached: dict[str, int], episode: int) -> list[str]:
+    """The milestones a finished run lacks and ended within one episode of: its final policy stands for them."""
+    return [key for key, (kind, n) in protocol["milestones"].items()
+            if key not in scores and n - episode <= reached[kind] < n]
+
+
 def amend(results: Path, runs: Path, score, update) -> list[str]:
     """Add the final policy's score to every row that ended within one episode of a milestone it lacks."""
     data = json.loads(results.read_text())
@@ -34,9 +40,7 @@ def amend(results: Path, runs: Path, score, update) -> list[str]:
             continue
         episode = json.loads((folder / "config.json").read_text()).get("max_episode_steps", 1000)
         reached = {"steps": row["steps"], "interactions": row["interactions"]}
-        for key, (kind, n) in protocol["milestones"].items():
-            if key in row["scores"] or not n - episode <= reached[kind] < n:
-                continue
+        for key in final_policy_keys(protocol, row["scores"], reached, episode):
             got = {**score(final, protocol["eval_seeds"]), "at_steps": row["steps"],
                    "at_interactions": row["interactions"], "from": "final policy"}
             match = {k: row[k] for k in ("env", "algo", "seed")}
