@@ -207,23 +207,37 @@ class CrossQLearner:
     def make_critic(spec: NetSpec, device: str | torch.device) -> BRNCritic:
         return BRNCritic(spec.obs_dim, spec.act_dim, spec.critic_hidden, spec.critic_activation).to(device)
 
+    # the critic's loss: the sum of the two heads' squared errors (SAC's code halves it)
+    loss_scale = 1.0
+
+    def next_actions(self, target_actor: nn.Module, next_obs: torch.Tensor,
+                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """a' for the target and what it subtracts from min Q(s', a') (None: nothing): TD3's smoothed
+        target policy."""
+        max_action = self.spec.max_action
+        mean = target_actor(next_obs)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        noise = (noise * self.policy_noise).clamp_(-self.noise_clip, self.noise_clip)
+        return (mean + noise).clamp_(-max_action, max_action), None
+
     def critic_step(self, batch: dict[str, torch.Tensor], target_actor: nn.Module,
                     generator: torch.Generator | None = None) -> torch.Tensor:
         obs, act, next_obs = batch["obs"], batch["act"], batch["next_obs"]
         rew, done = batch["rew"].reshape(-1, 1), batch["done"].reshape(-1, 1)
-        max_action = self.spec.max_action
         with torch.no_grad():
-            noise = torch.randn(act.shape, generator=generator, device=act.device, dtype=act.dtype)
-            noise = (noise * self.policy_noise).clamp_(-self.noise_clip, self.noise_clip)
-            next_act = (target_actor(next_obs) + noise).clamp_(-max_action, max_action)
+            next_act, penalty = self.next_actions(target_actor, next_obs, generator)
         self.critic.train()
         # (s, a) and (s', a') in one pass: both are normalised by the statistics of their union
         q1_all, q2_all = self.critic(torch.cat([obs, next_obs]), torch.cat([act, next_act]))
         n = obs.shape[0]
         q1, q2 = q1_all[:n], q2_all[:n]
         next_q = torch.min(q1_all[n:], q2_all[n:]).detach()
+        if penalty is not None:
+            next_q = next_q - penalty
         y = rew + self.gamma * (1.0 - done) * next_q
         loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        if self.loss_scale != 1.0:
+            loss = self.loss_scale * loss
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -320,12 +334,11 @@ class CrossQSACLearner(CrossQLearner):
 
     name = "crossq-sac"
     stochastic = True
+    loss_scale = 0.5
 
-    def __init__(self, spec: NetSpec, *, lr: float, gamma: float, tau: float, policy_noise: float,
-                 noise_clip: float, device: str | torch.device = "cpu", capturable: bool = False,
-                 delayed_targets: bool = False) -> None:
-        super().__init__(spec, lr=lr, gamma=gamma, tau=tau, policy_noise=policy_noise, noise_clip=noise_clip,
-                         device=device, capturable=capturable, delayed_targets=delayed_targets)
+    def __init__(self, spec: NetSpec, *, lr: float, capturable: bool = False, delayed_targets: bool = False,
+                 **kw: Any) -> None:
+        super().__init__(spec, lr=lr, capturable=capturable, delayed_targets=delayed_targets, **kw)
         self.spread_steps = not delayed_targets  # the daemon: the log-std and α step with each critic step
         self.log_std = LogStd(spec.obs_dim, spec.act_dim, spec.hidden, spec.activation).to(self.device)
         self.log_alpha = torch.zeros((), device=self.device, requires_grad=True)
@@ -349,27 +362,18 @@ class CrossQSACLearner(CrossQLearner):
             act, _ = self.sample(actor, obs[None], noise[None])
         return act[0].cpu().numpy()
 
+    def next_actions(self, target_actor: nn.Module, next_obs: torch.Tensor,
+                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """a' drawn from the policy at s', and α·log π(a'|s')."""
+        next_act, next_logp = self.sample(target_actor, next_obs, generator=generator)
+        return next_act, self.log_alpha.exp() * next_logp
+
     def critic_step(self, batch: dict[str, torch.Tensor], target_actor: nn.Module,
                     generator: torch.Generator | None = None) -> torch.Tensor:
-        obs, act, next_obs = batch["obs"], batch["act"], batch["next_obs"]
-        rew, done = batch["rew"].reshape(-1, 1), batch["done"].reshape(-1, 1)
-        with torch.no_grad():
-            next_act, next_logp = self.sample(target_actor, next_obs, generator=generator)
-            alpha = self.log_alpha.exp()
-        self.critic.train()
-        q1_all, q2_all = self.critic(torch.cat([obs, next_obs]), torch.cat([act, next_act]))
-        n = obs.shape[0]
-        q1, q2 = q1_all[:n], q2_all[:n]
-        next_q = (torch.min(q1_all[n:], q2_all[n:]) - alpha * next_logp).detach()
-        y = rew + self.gamma * (1.0 - done) * next_q
-        loss = 0.5 * (F.mse_loss(q1, y) + F.mse_loss(q2, y))
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        self.critic.eval()
+        stats = super().critic_step(batch, target_actor, generator)
         if self.spread_steps:
-            self._policy_step(target_actor, None, obs, generator)
-        return torch.stack([loss.detach(), q1.detach().mean()])
+            self._policy_step(target_actor, None, batch["obs"], generator)
+        return stats
 
     def actor_step(self, actor: nn.Module, actor_opt: torch.optim.Optimizer, obs: torch.Tensor) -> torch.Tensor:
         return self._policy_step(actor, actor_opt, obs)
