@@ -137,8 +137,7 @@ def micro_table(data: dict[str, Any]) -> str:
 # -- the learner alone -------------------------------------------------------------------------------
 def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
     from bench import learning
-
-    from bench.learning_final import final_policy_keys
+    from bench.learning_final import final_policy_scores
 
     try:
         got = learning.read_run(folder, algo, protocol)
@@ -146,13 +145,8 @@ def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
     # the protocol's amendment: td3 stops at the last whole episode under the budget, so a finished
     # run's final policy (policy.npz) stands for a milestone it ended within one episode of
-    if _finished(folder) and (folder / "policy.npz").exists():
-        episode = json.loads((folder / "config.json").read_text()).get("max_episode_steps", 1000)
-        reached = {"steps": got["steps"], "interactions": got["interactions"]}
-        for key in final_policy_keys(protocol, got["scores"], reached, episode):
-            got["scores"][key] = {**learning.score_snapshot(folder / "policy.npz", protocol["eval_seeds"]),
-                                  "at_steps": got["steps"], "at_interactions": got["interactions"],
-                                  "from": "final policy"}
+    got["scores"].update(final_policy_scores(folder, protocol, got["scores"], got["steps"], got["interactions"],
+                                             learning.score_snapshot))
     return got
 
 

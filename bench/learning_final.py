@@ -22,10 +22,26 @@ import sys
 from pathlib import Path
 
 
-def final_policy_keys(protocol: dict, scores: dict, reached: dict[str, int], episode: int) -> list[str]:
-    """The milestones a finished run lacks and ended within one episode of: its final policy stands for them."""
-    return [key for key, (kind, n) in protocol["milestones"].items()
+def final_policy_scores(folder: Path, protocol: dict, scores: dict, steps: int, interactions: int,
+                        score) -> dict[str, dict]:
+    """The final policy's score (`score(policy.npz, eval_seeds)`, taken once) under each milestone a
+    finished run lacks and ended within one episode of; {} for a run that did not finish."""
+    final = folder / "policy.npz"
+    try:
+        finished = json.loads((folder / "summary.json").read_text()).get("status") == "finished"
+    except (OSError, ValueError):
+        return {}
+    if not finished or not final.exists():
+        return {}
+    episode = json.loads((folder / "config.json").read_text()).get("max_episode_steps", 1000)
+    reached = {"steps": steps, "interactions": interactions}
+    keys = [key for key, (kind, n) in protocol["milestones"].items()
             if key not in scores and n - episode <= reached[kind] < n]
+    if not keys:
+        return {}
+    got = {**score(final, protocol["eval_seeds"]), "at_steps": steps, "at_interactions": interactions,
+           "from": "final policy"}
+    return dict.fromkeys(keys, got)
 
 
 def amend(results: Path, runs: Path, score, update) -> list[str]:
@@ -34,15 +50,8 @@ def amend(results: Path, runs: Path, score, update) -> list[str]:
     protocol, done = data["protocol"], []
     for row in data["rows"]:
         folder = runs / row["env"] / f"{row['algo']}-s{row['seed']}"
-        final = folder / "policy.npz"
-        summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else None
-        if summary is None or summary.get("status") != "finished" or not final.exists():
-            continue
-        episode = json.loads((folder / "config.json").read_text()).get("max_episode_steps", 1000)
-        reached = {"steps": row["steps"], "interactions": row["interactions"]}
-        for key in final_policy_keys(protocol, row["scores"], reached, episode):
-            got = {**score(final, protocol["eval_seeds"]), "at_steps": row["steps"],
-                   "at_interactions": row["interactions"], "from": "final policy"}
+        for key, got in final_policy_scores(folder, protocol, row["scores"], row["steps"], row["interactions"],
+                                            score).items():
             match = {k: row[k] for k in ("env", "algo", "seed")}
 
             def put(d, match=match, key=key, got=got):
