@@ -208,6 +208,8 @@ class MetricsWriter:
             # updates told while this individual ran: how stale the μ it was drawn from was
             "lag": h.get("lag"),
         }
+        # the td3 baseline's learner at the episode's end: its critic's loss and mean Q1, and α
+        rec.update({k: h[k] for k in ("critic_loss", "q1_mean", "alpha") if k in h})
         self._write(rec)
         n = 1
         step = int(h.get("steps") or 0)

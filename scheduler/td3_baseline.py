@@ -67,6 +67,7 @@ class TD3Baseline:
         self.total, self.episodes, self.version = state["steps"], state["results_applied"], state["version"]
         self.interactions = state["interactions"]
         self.updates = 0
+        self.train_stats: dict[str, float] = {}
         self.f_mu = state.get("f_mu", math.nan) if self.version > 0 else math.nan
         self.best = state.get("best_fitness", -math.inf)
         self.next_eval = cfg.initial_steps
@@ -147,7 +148,7 @@ class TD3Baseline:
                 if self.graphed:
                     agent.graph_step(replay, cfg.batch_size)
                 else:
-                    agent.train_step(replay.sample(cfg.batch_size, generator=gen))
+                    self.train_stats = agent.train_step(replay.sample(cfg.batch_size, generator=gen))
                 self.updates += 1
             if terminated or truncated or ep_len >= cfg.max_episode_steps:
                 self.episodes += 1
@@ -184,6 +185,16 @@ class TD3Baseline:
                  self.updates, self.f_mu)
         return status
 
+    def _learner_stats(self) -> dict[str, float]:
+        """The learner's state at this episode's end, for metrics.jsonl: the last critic step's loss and
+        mean Q1 (not read back on the CUDA-graph path) and a stochastic learner's temperature α."""
+        out = {k: float(v) for k, v in (("critic_loss", self.train_stats.get("loss")),
+                                          ("q1_mean", self.train_stats.get("q1_mean"))) if v is not None}
+        log_alpha = getattr(self.agent.learner, "log_alpha", None)
+        if log_alpha is not None:
+            out["alpha"] = float(log_alpha.detach().exp())
+        return out
+
     def _record(self, transitions: dict[str, np.ndarray], ret: float, length: int, evaluated: bool,
                 t0: float) -> None:
         """Store one training episode with its history entry (the same fields as the ES loops' entries)
@@ -196,7 +207,7 @@ class TD3Baseline:
                  "f_z": ret, "f_mu": self.f_mu, "len": length, "t": time.time(), "worker": "td3", "sigma_mean": 0.0,
                  "sigma_min": 0.0, "sigma_max": 0.0, "moved": 0.0, "duration": 0.0,
                  "random": self.total <= cfg.initial_steps, "rl_steps": 0, "updates": self.updates,
-                 "evaluated": evaluated}
+                 "evaluated": evaluated, **self._learner_stats()}
         pipe = self.r.pipeline()
         store.append_episode(transitions, job, pipe=pipe)
         if evaluated:
