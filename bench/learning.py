@@ -73,9 +73,8 @@ ABLATIONS = {"aesrl-no-shift": {"algo": "aesrl", "fitness_shift": 0.0, "critic_s
              "aesrl-rl10k": {"algo": "aesrl", "rl_steps_max": 10_000},
              "aesrl-no-lag": {"algo": "aesrl", "critic_lag": 0}}
 COMPARED = ("td3", "cemrl", "aesrl-paper", "sb3-td3")  # P(aesrl > X)
-# The second protocol: AES-RL whose μ episodes are data, with a current learner (LEARNER_V2). Each
-# learner keeps its own critic (no shared critic_hidden: crossq-sac's is 2048-2048); `td3` is the paper's
-# learner at the first protocol's 256-256; Ant-v5 is held out. The cells' BLAS variables are unset, so a
+# The second protocol: AES-RL whose μ episodes are data, with a current learner (LEARNER_V2); `td3` is
+# the paper's learner; every critic is 256-256 as in the first protocol; Ant-v5 is held out. The cells' BLAS variables are unset, so a
 # cell picks the kernel of its CPU kind whatever the machine's own settings (a rerun on that kind
 # reproduces it). Declared only after the development cells chose the default learner.
 LEARNER_V2 = "crossq-sac"  # CrossQ as published; the protocol is declared once it lands on seeds 1-3
@@ -85,11 +84,17 @@ PROTOCOL_V2: dict[str, Any] = {
     "seeds": {"aesrl": [201, 202, 203, 204, 205], LEARNER_V2: [201, 202, 203, 204, 205],
               "td3": [201, 202, 203], "cemrl": [201, 202, 203]},
     "algos": {"aesrl": {"algo": "aesrl", "learner": LEARNER_V2}, LEARNER_V2: {"algo": "td3", "learner": LEARNER_V2},
-              "td3": {"algo": "td3", "learner": "td3", "critic_hidden": [256, 256]},
+              "td3": {"algo": "td3", "learner": "td3"},
               "cemrl": {"algo": "cemrl", "learner": LEARNER_V2}},
     "compared": [LEARNER_V2, "td3", "cemrl"],
+    # development cells only (--cells, seeds 1-3): the other ES + RL algorithms with the learner
+    "development_algos": {"pcemrl": {"algo": "pcemrl", "learner": LEARNER_V2},
+                          "acemrl": {"algo": "acemrl", "learner": LEARNER_V2}},
     "budget_steps": 100_000,
-    "shared": {"hidden": [256, 256], "initial_steps": 10_000, "td3_eval_every": 5_000},
+    # every critic 256-256, the first protocol's size: the protocol runs on 2-core CPU machines, where
+    # crossq-sac's published 2048-2048 critic trains ~3 steps/s per core (bench/results/learners-micro-cpu.json),
+    # 9 hours per cell; at 256-256 it is the learner measured alone (learners-alone-cpu-crossq-sac256.json)
+    "shared": {"hidden": [256, 256], "critic_hidden": [256, 256], "initial_steps": 10_000, "td3_eval_every": 5_000},
     "blas": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None, "OPENBLAS_NUM_THREADS": "1"},
     **{k: PROTOCOL[k] for k in ("workers", "milestones", "eval_seeds", "development_seeds", "statistics")},
 }
@@ -329,7 +334,8 @@ def protocol_cells(protocol: dict[str, Any]) -> list[tuple[str, str, int]]:
 
 
 def cell_settings(algo: str, protocol: dict[str, Any]) -> dict[str, Any]:  # the shared settings, then the algo's
-    return {**protocol["shared"], **(protocol["algos"].get(algo) or ABLATIONS[algo])}
+    return {**protocol["shared"], **(protocol["algos"].get(algo) or protocol.get("development_algos", {}).get(algo)
+                                     or ABLATIONS[algo])}
 
 
 def cell_command(env: str, algo: str, seed: int, protocol: dict[str, Any], folder: Path, cfg_file: Path,
@@ -582,8 +588,9 @@ def parse_cells(text: str, protocol: dict[str, Any] = PROTOCOL) -> list[tuple[st
     envs = [e for e in protocol["envs"] if e not in protocol["held_out"] or protocol is PROTOCOL]
     for item in filter(None, (t.strip() for t in text.split(","))):
         env, algo, seed = item.split(":")
-        if env not in envs or (algo not in protocol["algos"] and algo not in ABLATIONS):
-            raise SystemExit(f"--cells: {item!r}: envs {envs}, algos {[*protocol['algos'], *ABLATIONS]}")
+        known = [*protocol["algos"], *protocol.get("development_algos", {}), *ABLATIONS]
+        if env not in envs or algo not in known:
+            raise SystemExit(f"--cells: {item!r}: envs {envs}, algos {known}")
         if int(seed) in protocol["seeds"].get(algo, ()):  # a report cell runs once, with --run
             raise SystemExit(f"--cells: {item!r} is a report cell: `--run` runs it, into the report file")
         cells.append((env, algo, int(seed)))

@@ -55,7 +55,10 @@ def test_the_second_protocol_is_the_issues():
     assert not set(p["development_seeds"]) & {s for ss in p["seeds"].values() for s in ss}
     assert p["algos"]["td3"]["learner"] == "td3" and p["algos"][x] == {"algo": "td3", "learner": x}
     assert p["algos"]["aesrl"]["learner"] == p["algos"]["cemrl"]["learner"] == x
-    assert "critic_hidden" not in p["shared"]  # each learner its own critic
+    assert p["shared"]["critic_hidden"] == [256, 256]  # the size a 2-core CPU trains in a cell's hours
+    # pcemrl and acemrl with the learner: development cells, never in the report
+    assert learning.cell_settings("pcemrl", p)["learner"] == learning.cell_settings("acemrl", p)["learner"] == x
+    assert not set(p["development_algos"]) & set(p["seeds"])
     assert set(p["compared"]) == {x, "td3", "cemrl"}
     assert [m for m in p["milestones"].values() if m[0] == "interactions"] == \
         [["interactions", 25_000], ["interactions", 50_000], ["interactions", 100_000]]
@@ -63,7 +66,8 @@ def test_the_second_protocol_is_the_issues():
     env = learning.cell_env(p)
     assert "OPENBLAS_CORETYPE" not in env and "OPENBLAS_L2_SIZE" not in env
     # development cells never look at the held-out env nor run a report seed
-    assert learning.parse_cells("Hopper-v5:aesrl:1", p) == [("Hopper-v5", "aesrl", 1)]
+    assert learning.parse_cells("Hopper-v5:aesrl:1,Walker2d-v5:pcemrl:2", p) == [("Hopper-v5", "aesrl", 1),
+                                                                                 ("Walker2d-v5", "pcemrl", 2)]
     for bad in ("Ant-v5:aesrl:1", f"Hopper-v5:{x}:201"):
         with pytest.raises(SystemExit):
             learning.parse_cells(bad, p)
