@@ -177,6 +177,8 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
     runs.mkdir(parents=True, exist_ok=True)
     procs: dict[tuple[str, int], tuple[subprocess.Popen, float]] = {}
     resumed: dict[tuple[str, int], bool] = {}
+    env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env_vars.pop("AESRL_REDIS_URL", None)
     walls: dict[tuple[str, int], float] = {}
     for env in envs:
         for seed in seeds:
@@ -194,8 +196,6 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
             else:
                 cfg_file.write_text(json.dumps({"env_id": env, **learning.cell_settings(algo, protocol)}))
                 cmd = learning.cell_command(env, algo, seed, protocol, folder, cfg_file)
-            env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            env_vars.pop("AESRL_REDIS_URL", None)
             log = open(folder.with_name(folder.name + ".log"), "a" if resume else "w")  # noqa: SIM115 - open while it runs
             procs[(env, seed)] = (subprocess.Popen(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT,
                                                    start_new_session=True), time.monotonic())
@@ -225,7 +225,7 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
         cells.append({"env": env, "seed": seed, "wall_s": round(walls[(env, seed)], 1), **got,
                       **({"resumed": True} if resumed.get((env, seed)) else {})})
     return {"learner": learner, "critic_hidden": own.get("critic_hidden"), "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
-            "versions": learning.package_versions(), "cores": os.cpu_count()}
+            "versions": learning.package_versions(), "cores": os.cpu_count(), "machine": learning.machine_facts(env_vars)}
 
 
 def alone_table(data: dict[str, Any]) -> str:

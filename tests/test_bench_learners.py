@@ -21,6 +21,8 @@ def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
     assert set(cell["scores"]) >= {"25", "50", "100"}
     assert all(len(v["returns"]) == 10 for v in cell["scores"].values())
     assert "Pendulum-v1" in learners.alone_table(data)
+    # what decides a cell's last digits besides the code: the processor and the BLAS kernel, as its processes saw them
+    assert data["machine"]["cpu"] and data["machine"]["env"].get("OMP_NUM_THREADS") == "1"
 
 
 def test_alone_resumes_a_stopped_cell_and_scores_a_finished_one_without_running_it(tmp_path) -> None:
