@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
@@ -150,6 +151,20 @@ def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
     return got
 
 
+def _reaped(p: subprocess.Popen, cpu: dict, key: Any, reap) -> bool:
+    """Call reap() (it waits for the cell's process, or polls it); when the process has ended, add to
+    cpu[key] the CPU seconds it and the processes it waited for used (their share of RUSAGE_CHILDREN)."""
+    def used() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    before = used()
+    if reap() is None:
+        return False
+    cpu[key] = cpu.get(key, 0.0) + used() - before
+    return True
+
+
 def _finished(folder: Path) -> bool:
     try:
         return json.loads((folder / "summary.json").read_text()).get("status") == "finished"
@@ -177,6 +192,7 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
     runs.mkdir(parents=True, exist_ok=True)
     procs: dict[tuple[str, int], tuple[subprocess.Popen, float]] = {}
     resumed: dict[tuple[str, int], bool] = {}
+    cpu: dict[tuple[str, int], float] = {}  # CPU seconds of each cell's processes, all of them
     env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env_vars.pop("AESRL_REDIS_URL", None)
     walls: dict[tuple[str, int], float] = {}
@@ -202,14 +218,14 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
     deadline = time.monotonic() + minutes * 60
     while any(key not in walls for key in procs) and time.monotonic() < deadline:
         for key, (p, t0) in procs.items():
-            if key not in walls and p.poll() is not None:
+            if key not in walls and _reaped(p, cpu, key, p.poll):
                 walls[key] = time.monotonic() - t0
         time.sleep(2)
     for key, (p, t0) in procs.items():
         if key in walls:
             continue
         if p.poll() is None:
-            learning.kill_group(p)
+            _reaped(p, cpu, key, lambda p=p: learning.kill_group(p) or p.poll())
             walls[key] = -(time.monotonic() - t0)  # negative: stopped at the deadline
         else:  # it ended after the loop's last look, at the deadline
             walls[key] = time.monotonic() - t0
@@ -223,6 +239,7 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
         except Exception as exc:  # noqa: BLE001 - the scoring process died (a crash of MuJoCo, say)
             got = {"error": f"scoring: {type(exc).__name__}: {exc}"}
         cells.append({"env": env, "seed": seed, "wall_s": round(walls[(env, seed)], 1), **got,
+                      **({"cpu_s": round(cpu[(env, seed)], 1)} if (env, seed) in cpu else {}),
                       **({"resumed": True} if resumed.get((env, seed)) else {})})
     return {"learner": learner, "critic_hidden": own.get("critic_hidden"), "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
             "versions": learning.package_versions(), "cores": os.cpu_count(), "machine": learning.machine_facts(env_vars)}
@@ -231,13 +248,15 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
 def alone_table(data: dict[str, Any]) -> str:
     lines = [f"{data['learner']} alone (--algo td3 --learner {data['learner']}, critic {data.get('critic_hidden')}),"
              " mean return on the 10 fixed starts",
-             f"{'env':16} {'seed':>4} {'25k':>7} {'50k':>7} {'100k':>7} {'steps':>7} {'wall s':>8}"]
+             f"{'env':16} {'seed':>4} {'25k':>7} {'50k':>7} {'100k':>7} {'steps':>7} {'wall s':>8} {'CPU ms/step':>11}"]
     by_env: dict[str, list[float]] = {}
     for c in data["cells"]:
         sc = c.get("scores", {})
         vals = [sc.get(k, {}).get("mean") for k in ("25", "50", "100")]
         lines.append(f"{c['env']:16} {c['seed']:>4} " + " ".join(f"{v:7.0f}" if v is not None else f"{'-':>7}" for v in vals)
-                     + f" {c.get('steps', 0):>7} {c['wall_s']:>8}" + (f"  {c['error']}" if "error" in c else ""))
+                     + f" {c.get('steps', 0):>7} {c['wall_s']:>8}"
+                     + (f" {1e3 * c['cpu_s'] / c['steps']:>11.1f}" if c.get("cpu_s") and c.get("steps") else f" {'-':>11}")
+                     + (f"  {c['error']}" if "error" in c else ""))
         if vals[2] is not None:
             by_env.setdefault(c["env"], []).append(vals[2])
     for env, vals in by_env.items():

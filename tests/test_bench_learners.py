@@ -18,6 +18,8 @@ def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
     (cell,) = data["cells"]
     assert "error" not in cell, cell
     assert cell["steps"] == 1200 and cell["wall_s"] > 0
+    # the CPU of the cell's processes (the run, its scheduler and Redis), more than the scheduler's start-up
+    assert 1.0 < cell["cpu_s"] < 10 * cell["wall_s"]
     assert set(cell["scores"]) >= {"25", "50", "100"}
     assert all(len(v["returns"]) == 10 for v in cell["scores"].values())
     assert "Pendulum-v1" in learners.alone_table(data)
