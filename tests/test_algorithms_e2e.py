@@ -381,6 +381,14 @@ def test_td3_runs_alone_and_updates_once_per_env_step(cluster, tmp_path) -> None
     assert data["algo"] == "td3" and data["status"] == "finished" and data["steps"] == steps
     metrics = Path(tmp_path / run / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == len(history)
+    # each episode after the start steps records its learner: the last critic step's loss and mean Q1
+    # (td3 has no temperature α); metrics.jsonl carries them
+    learned = [h for h in history if h["updates"] > 0]
+    assert learned and all(np.isfinite(h["critic_loss"]) and np.isfinite(h["q1_mean"]) and "alpha" not in h
+                           for h in learned)
+    assert not any("critic_loss" in h for h in history if h["updates"] == 0)
+    recs = [json.loads(line) for line in metrics]
+    assert [r["critic_loss"] for r in recs if "critic_loss" in r] == [h["critic_loss"] for h in learned]
 
 
 # -- another learner ------------------------------------------------------------------------------------
