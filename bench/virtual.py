@@ -9,6 +9,12 @@ issue asks of it, read off the cell's metrics.jsonl (`aesrl-queue plot` draws th
 - the virtual seconds until that mean first reaches each of --thresholds;
 - the staleness: quantiles of `lag` (versions μ moved while an individual ran) over the run.
 
+`--staleness drop:K` or `decay:H` (issue 47, item 4; bench options, adopted by development seeds only)
+weighs a result by its age, the versions μ moved between its ask and its tell: drop:K leaves a result
+older than K versions where the rule's step would move nothing (recorded, counted in the fitness scale,
+μ and var unmoved), decay:H scales the rule's step p by H / (H + age). Every aesrl-rule run (aesrl, es,
+opo, acemrl) takes it; a synchronous one tells by generation and has no ages.
+
 `--algos ptd3` runs the parallel TD3 of bench/parallel_td3.py (N environment workers feeding one learner
 at the cost model's learner rate, on --algo td3's settings), which is no queue algorithm. Not here yet:
 the results file and plot of docs/scaling.md.
@@ -33,6 +39,7 @@ as loaded by those N workers on its cores); `fitted-gap`, `fitted` with the work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -80,6 +87,54 @@ def score(metrics: list[dict[str, Any]], interactions: int, thresholds: list[flo
             "lag_max": lags[-1] if lags else None, "updates": len(updates)}
 
 
+def parse_staleness(rule: str | None) -> tuple[str, float] | None:
+    """("drop", K) or ("decay", H) of --staleness; None for none. ValueError for anything else."""
+    if not rule:
+        return None
+    name, _, value = rule.partition(":")
+    try:
+        k = float(value)
+    except ValueError:
+        k = math.nan
+    if name not in ("drop", "decay") or not math.isfinite(k) or k < 0 or (name == "decay" and k == 0):
+        raise ValueError(f"--staleness {rule!r}: drop:K (K >= 0 versions) or decay:H (H > 0 versions)")
+    return name, k
+
+
+@contextlib.contextmanager
+def staleness(rule: str | None):
+    """While it is open, every AES-RL tell in this process scales the mean rule's step p by the weight
+    --staleness gives the result's age (dist.version at the tell less the version it was drawn from)."""
+    parsed = parse_staleness(rule)
+    if parsed is None:
+        yield
+        return
+    from aesrl_queue import distributions
+    from aesrl_queue.optimizers.aesrl import AesrlOptimizer
+
+    name, k = parsed
+    weight = [1.0]
+    ratio, tell = distributions.update_ratio, AesrlOptimizer.tell
+
+    def weighted_ratio(rule_name: str, *args: Any, **kwargs: Any) -> float:
+        p = ratio(rule_name, *args, **kwargs)
+        return p if rule_name == "one-plus-one" else p * weight[0]
+
+    def weighted_tell(self, ind, fit, ref):
+        age = max(0, self.dist.version - ind.version)
+        weight[0] = (0.0 if age > k else 1.0) if name == "drop" else k / (k + age)
+        try:
+            return tell(self, ind, fit, ref)
+        finally:
+            weight[0] = 1.0
+
+    distributions.update_ratio, AesrlOptimizer.tell = weighted_ratio, weighted_tell
+    try:
+        yield
+    finally:
+        distributions.update_ratio, AesrlOptimizer.tell = ratio, tell
+
+
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """One virtual run in this (pool) process; its line of the results."""
     from aesrl_queue.config import RunConfig
@@ -87,7 +142,9 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     from aesrl_queue.metrics import read_metrics
     from aesrl_queue.virtual import VirtualRun
 
-    run_id = f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
+    rule = cell.get("staleness")
+    run_id = (f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
+              + (f"-{rule.replace(':', '')}" if rule else ""))
     # ptd3: the parallel TD3 of bench/parallel_td3.py, on --algo td3's settings (its learner, sizes)
     algo = "td3" if cell["algo"] == "ptd3" else cell["algo"]
     cfg = RunConfig.from_preset(cell["env"], algo=algo, seed=cell["seed"], run_id=run_id,
@@ -100,8 +157,10 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         run_dir, summary = parallel_td3.run(cfg, cell["workers"], resolve(cell["cost_model"]), cell["runs"])
     else:
         run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
-        summary, run_dir = run.run(), run.run_dir
+        with staleness(rule):
+            summary, run_dir = run.run(), run.run_dir
     return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "settings", "cost_model")},
+            **({"staleness": rule} if rule else {}),
             "run_dir": str(run_dir),
             "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
             "wall_s": round(time.monotonic() - t0, 1),
@@ -109,9 +168,14 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace) -> None:
+    try:
+        parse_staleness(args.staleness)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
-              "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set)}
+              "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set),
+              "staleness": args.staleness}
              for env, algo, n, seed in itertools.product(args.envs.split(","), args.algos.split(","),
                                                           args.workers.split(","), args.seeds.split(","))]
     out = Path(args.out)
@@ -323,6 +387,8 @@ def main() -> None:
     m.add_argument("--cost-model", default=None, help="a cost-model file (default: nominal durations)")
     m.add_argument("--set", default="{}", help='config fields for every cell, as JSON: \'{"critic_hidden": [64, 64]}\'')
     m.add_argument("--jobs", type=int, default=1, help="cells at once, each in its own process")
+    m.add_argument("--staleness", default=None, metavar="RULE",
+                   help="drop:K (results older than K versions move nothing) or decay:H (step scaled by H/(H+age))")
     m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")
     m.add_argument("--out", default="bench/results/virtual.jsonl")
     v = sub.add_parser("validate", help="real worker processes against the virtual executor (item 2)")

@@ -74,3 +74,41 @@ def test_parallel_td3_is_repeatable_learns_at_its_rate_and_stores_in_completion_
     _, held = _ptd3(tmp_path / "d", 4, 100.0, "ptd3", critic_lag=300)
     assert held["updates"] >= held["steps"] - 400 - 300 - 200 > sa["updates"], (held, sa)
     assert held["virtual"]["virtual_s"] > sa["virtual"]["virtual_s"]
+
+
+def _es_run(tmp_path, rule, run_id):
+    """A virtual es run of 8 workers on the null environment, told under --staleness `rule`: its updates."""
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.cost_model import CostModel
+    from aesrl_queue.metrics import read_metrics
+    from aesrl_queue.virtual import VirtualRun
+    from bench.virtual import staleness
+
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="es", run_id=run_id, seed=3, hidden=(8, 8), total_steps=1600,
+                                env_kwargs={"episode_len": 20}).resolve()
+    run = VirtualRun(cfg, 8, CostModel(), out_dir=tmp_path)
+    with staleness(rule):
+        run.run()
+    return [r for r in read_metrics(run.run_dir) if r["type"] == "update" and not r["random"]]
+
+
+def test_staleness_rules_weigh_a_result_by_its_age(tmp_path):
+    from aesrl_queue import distributions
+    from aesrl_queue.optimizers.aesrl import AesrlOptimizer
+    from bench.virtual import parse_staleness
+
+    plain = _es_run(tmp_path, None, "st-none")
+    assert any(u["lag"] > 0 and u["p"] > 0 for u in plain)  # without a rule, stale results move μ
+    dropped = _es_run(tmp_path, "drop:0", "st-drop")
+    stale = [u for u in dropped if u["lag"] > 0]
+    assert stale and all(u["p"] == 0 for u in stale)  # drop:0: no result older than its ask moves μ
+    assert any(u["p"] > 0 for u in dropped if u["lag"] == 0)
+    decayed = _es_run(tmp_path, "decay:2", "st-decay")
+    assert any(u["lag"] > 0 and u["p"] > 0 for u in decayed)
+    assert all(u["p"] <= 2 / (2 + u["lag"]) + 1e-9 for u in decayed)  # p ≤ 1 scaled by H / (H + age)
+    # the rule holds only inside its block
+    assert distributions.update_ratio.__name__ == "update_ratio" and AesrlOptimizer.tell.__name__ == "tell"
+    assert parse_staleness("decay:8") == ("decay", 8.0) and parse_staleness(None) is None
+    for bad in ("drop", "decay:0", "age:3", "drop:-1", "drop:x"):
+        with pytest.raises(ValueError, match="--staleness"):
+            parse_staleness(bad)
