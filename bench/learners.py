@@ -15,7 +15,8 @@ Hopper-v5 >= 1 800, Walker2d-v5 >= 2 500). Development seeds only: never a repor
 
     python bench/learners.py micro [--seconds 3] [--devices cpu,cuda] [--out FILE]
     python bench/learners.py alone --learner crossq [--envs ...] [--seeds 1,2,3] [--minutes 60]
-                                   [--critic-hidden 256,256] [--resume] [--runs DIR] [--out FILE]
+                                   [--critic-hidden 256,256] [--set JSON --tag NAME] [--resume] [--runs DIR]
+                                   [--out FILE]
 """
 
 from __future__ import annotations
@@ -174,19 +175,24 @@ def _finished(folder: Path) -> bool:
 
 def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs: Path,
           steps: int = 100_000, quick: bool = False, critic_hidden: tuple[int, ...] | None = None,
-          resume: bool = False) -> dict[str, Any]:
+          resume: bool = False, settings: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
     """quick: the learning protocol's --quick settings (Pendulum-sized networks and budget), for tests.
     critic_hidden: another critic than the learner's own (a bench option: crossq at 256-256 on a CPU).
+    settings: other config fields over the learner's own (a bench option, `--set`); `tag` names the
+    variant in its cells' folder names (required with settings, so variants never share a folder).
     resume: a cell whose folder is there continues (`run --resume`: a run stopped at --minutes, or one
     whose machine went away, goes on from its last checkpoint), and a finished one is only scored."""
+    if settings and not tag:
+        raise ValueError("settings need a tag that names the variant in its cells' folders")
     from aesrl_queue.config import LEARNER_DEFAULTS
     from bench import learning
 
-    algo = f"td3-{learner}" + (f"-{'-'.join(map(str, critic_hidden))}" if critic_hidden else "")
+    algo = f"td3-{learner}" + (f"-{'-'.join(map(str, critic_hidden))}" if critic_hidden else "") + (f"-{tag}" if tag else "")
     own = {k: list(v) if isinstance(v, tuple) else v for k, v in LEARNER_DEFAULTS[learner].items()
            if not quick or k not in ("critic_hidden", "hidden")}
     if critic_hidden:
         own["critic_hidden"] = list(critic_hidden)
+    own.update(settings or {})
     base = learning.QUICK if quick else {**learning.PROTOCOL, "budget_steps": steps}
     protocol = {**base, "algos": {algo: {"algo": "td3", "learner": learner, **own}}}
     runs.mkdir(parents=True, exist_ok=True)
@@ -241,7 +247,8 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
         cells.append({"env": env, "seed": seed, "wall_s": round(walls[(env, seed)], 1), **got,
                       **({"cpu_s": round(cpu[(env, seed)], 1)} if (env, seed) in cpu else {}),
                       **({"resumed": True} if resumed.get((env, seed)) else {})})
-    return {"learner": learner, "critic_hidden": own.get("critic_hidden"), "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
+    return {"learner": learner, "critic_hidden": own.get("critic_hidden"), **({"settings": settings, "tag": tag} if settings else {}),
+            "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
             "versions": learning.package_versions(), "cores": os.cpu_count(), "machine": learning.machine_facts(env_vars)}
 
 
@@ -283,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--resume", action="store_true", help="continue the cells whose folders are there (run "
                    "--resume); score finished ones without running them")
     a.add_argument("--critic-hidden", default="", help="another critic than the learner's own, e.g. 256,256")
+    a.add_argument("--set", default="", help='other config fields for every cell, as JSON, e.g. \'{"actor_lr": 3e-4}\' '
+                   "(with --tag)")
+    a.add_argument("--tag", default="", help="the --set variant's name in its cells' folders")
     a.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -293,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         data = alone(args.learner, args.envs.split(","), [int(s) for s in args.seeds.split(",")], args.minutes,
                      args.runs, args.steps,
                      critic_hidden=tuple(int(n) for n in args.critic_hidden.split(",")) if args.critic_hidden else None,
-                     resume=args.resume)
+                     resume=args.resume, settings=json.loads(args.set) if args.set else None, tag=args.tag)
         text = alone_table(data)
     print(text, flush=True)
     if args.out:

@@ -3,6 +3,10 @@ protocol's --quick settings (real `aesrl-queue run` processes, snapshots scored 
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from bench import learners
 
 
@@ -14,8 +18,14 @@ def test_micro_times_each_learner_and_tables_them_against_td3() -> None:
 
 
 def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
-    data = learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True)
+    # a --set variant (actor_lr), named by its tag in the cell's folder and config
+    data = learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True,
+                          settings={"actor_lr": 5e-4}, tag="lr5")
     (cell,) = data["cells"]
+    cfg = json.loads((tmp_path / "Pendulum-v1" / "td3-crossq-lr5-s1.config.json").read_text())
+    assert cfg["actor_lr"] == 5e-4 and data["settings"] == {"actor_lr": 5e-4}
+    with pytest.raises(ValueError, match="tag"):
+        learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True, settings={"actor_lr": 1e-4})
     assert "error" not in cell, cell
     assert cell["steps"] == 1200 and cell["wall_s"] > 0
     # the CPU of the cell's processes (the run, its scheduler and Redis), more than the scheduler's start-up
