@@ -152,7 +152,7 @@ def _score(folder: Path, algo: str, protocol: dict[str, Any]) -> dict[str, Any]:
     return got
 
 
-def _reaped(p: subprocess.Popen, cpu: dict, key: Any, reap) -> bool:
+def _reaped(cpu: dict, key: Any, reap) -> bool:
     """Call reap() (it waits for the cell's process, or polls it); when the process has ended, add to
     cpu[key] the CPU seconds it and the processes it waited for used (their share of RUSAGE_CHILDREN)."""
     def used() -> float:
@@ -224,14 +224,14 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
     deadline = time.monotonic() + minutes * 60
     while any(key not in walls for key in procs) and time.monotonic() < deadline:
         for key, (p, t0) in procs.items():
-            if key not in walls and _reaped(p, cpu, key, p.poll):
+            if key not in walls and _reaped(cpu, key, p.poll):
                 walls[key] = time.monotonic() - t0
         time.sleep(2)
     for key, (p, t0) in procs.items():
         if key in walls:
             continue
         if p.poll() is None:
-            _reaped(p, cpu, key, lambda p=p: learning.kill_group(p) or p.poll())
+            _reaped(cpu, key, lambda p=p: learning.kill_group(p) or p.poll())
             walls[key] = -(time.monotonic() - t0)  # negative: stopped at the deadline
         else:  # it ended after the loop's last look, at the deadline
             walls[key] = time.monotonic() - t0
