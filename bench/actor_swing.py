@@ -26,9 +26,9 @@ if str(ROOT) not in sys.path:
 
 
 def replay_rows(run_dir: str, run_id: str):
-    """The run's config, its replay as arrays and its td3 checkpoint (None once the run finished: a
-    finished run deletes it, a stopped one keeps it), read from its Redis, started on a copy of the
-    folder's data."""
+    """The run's config, its replay as arrays and its td3 checkpoint (the last one: a finished run
+    writes its final networks there, a stopped one what it had), read from its Redis, started on a
+    copy of the folder's data."""
     import shutil
     import tempfile
 
@@ -100,7 +100,7 @@ def main() -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--ckpt", help="a pickled td3 checkpoint (Store.load_checkpoint('td3')); default the run "
-                    "folder's own (a run stopped before its budget keeps it)")
+                    "folder's own, the last the run wrote")
     ap.add_argument("--actor-lr", default="1e-3,3e-4")
     ap.add_argument("--updates", type=int, default=6000)
     ap.add_argument("--every", type=int, default=300)
@@ -112,7 +112,7 @@ def main() -> int:
     if args.ckpt:
         ckpt = pickle.loads(Path(args.ckpt).read_bytes())
     if ckpt is None:
-        raise SystemExit(f"{args.run_dir} holds no td3 checkpoint (a finished run deletes it): pass --ckpt")
+        raise SystemExit(f"{args.run_dir} holds no td3 checkpoint (the run never wrote one): pass --ckpt")
     lrs = [float(x) for x in args.actor_lr.split(",")]
     starts = [int(s) for s in args.starts.split(",")]
     jobs = [(cfg, rows, ckpt, lr, args.updates, args.every, starts, args.seed) for lr in lrs]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from bench import learners
+from bench import actor_swing, learners
 
 
 def test_micro_times_each_learner_and_tables_them_against_td3() -> None:
@@ -19,10 +20,10 @@ def test_micro_times_each_learner_and_tables_them_against_td3() -> None:
 
 def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
     # a --set variant (actor_lr), named by its tag in the cell's folder and config
-    data = learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True,
+    data = learners.alone("crossq-sac", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True,
                           settings={"actor_lr": 5e-4}, tag="lr5")
     (cell,) = data["cells"]
-    cfg = json.loads((tmp_path / "Pendulum-v1" / "td3-crossq-lr5-s1.config.json").read_text())
+    cfg = json.loads((tmp_path / "Pendulum-v1" / "td3-crossq-sac-lr5-s1.config.json").read_text())
     assert cfg["actor_lr"] == 5e-4 and data["settings"] == {"actor_lr": 5e-4}
     with pytest.raises(ValueError, match="tag"):
         learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True, settings={"actor_lr": 1e-4})
@@ -35,6 +36,15 @@ def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
     assert "Pendulum-v1" in learners.alone_table(data)
     # what decides a cell's last digits besides the code: the processor and the BLAS kernel, as its processes saw them
     assert data["machine"]["cpu"] and data["machine"]["env"].get("OMP_NUM_THREADS") == "1"
+    # bench/actor_swing.py on that finished run: its last checkpoint and its whole replay, more steps on it
+    folder = tmp_path / "Pendulum-v1" / "td3-crossq-sac-lr5-s1"
+    run_cfg, rows, ckpt = actor_swing.replay_rows(str(folder), folder.name)
+    assert len(rows["obs"]) == 1200 and ckpt["total"] == 1200 and "log_alpha" in ckpt
+    got = actor_swing.one((run_cfg, rows, ckpt, 3e-4, 4, 2, [10_000], 1))
+    assert [s["updates"] for s in got["scores"]] == [0, 2, 4] and got["actor_lr"] == 3e-4
+    # before any further step the actor scored is the run's final one, policy.npz's μ
+    mu = np.load(folder / "policy.npz")["mu"]
+    assert np.array_equal(mu, ckpt["actor"])
 
 
 def test_alone_resumes_a_stopped_cell_and_scores_a_finished_one_without_running_it(tmp_path) -> None:
