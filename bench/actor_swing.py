@@ -67,7 +67,7 @@ def one(args: tuple) -> dict:
     import torch
 
     from aesrl_queue.learners import Agent
-    from aesrl_queue.nets import NetSpec
+    from aesrl_queue.nets import NetSpec, get_flat
     from aesrl_queue.rollout import run_episodes
     from aesrl_queue.td3 import ReplayBuffer
 
@@ -85,7 +85,7 @@ def one(args: tuple) -> dict:
     scores = []
     for i in range(updates + 1):
         if i % every == 0:
-            actor.set_params(agent.actor_params())
+            actor.set_params(get_flat(agent.actor))  # the actor, not the average the run publishes
             rets = [float(run_episodes(cfg.env_id, actor, k=1, seed=s, store=False).returns[0]) for s in starts]
             scores.append({"updates": i, "returns": [round(r, 1) for r in rets], "mean": round(float(np.mean(rets)), 1)})
         if i < updates:

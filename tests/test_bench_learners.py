@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from bench import actor_swing, learners
+from bench import actor_average, actor_swing, learners
 
 
 def test_micro_times_each_learner_and_tables_them_against_td3() -> None:
@@ -42,9 +42,13 @@ def test_alone_runs_the_cells_and_scores_their_snapshots(tmp_path) -> None:
     assert len(rows["obs"]) == 1200 and ckpt["total"] == 1200 and "log_alpha" in ckpt
     got = actor_swing.one((run_cfg, rows, ckpt, 3e-4, 4, 2, [10_000], 1))
     assert [s["updates"] for s in got["scores"]] == [0, 2, 4] and got["actor_lr"] == 3e-4
-    # before any further step the actor scored is the run's final one, policy.npz's μ
+    # the run published its final Polyak average of the actor (policy.npz's μ); bench/actor_average.py
+    # scores that and the actor itself from the last checkpoint
     mu = np.load(folder / "policy.npz")["mu"]
-    assert np.array_equal(mu, ckpt["actor"])
+    assert np.array_equal(mu, ckpt["actor_avg"]) and not np.array_equal(mu, ckpt["actor"])
+    both = actor_average.final_one(str(folder), [10_000, 10_001])
+    assert both["steps"] == 1200 and len(both["actor"]) == len(both["avg"]) == 2
+    assert both["avg"] == actor_average.score(run_cfg, mu, [10_000, 10_001])
 
 
 def test_alone_resumes_a_stopped_cell_and_scores_a_finished_one_without_running_it(tmp_path) -> None:

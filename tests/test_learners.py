@@ -122,6 +122,34 @@ def test_the_agent_takes_a_policy_step_every_policy_delay(name) -> None:
     assert (agent.actor_target is None) == name.startswith("crossq")
 
 
+@pytest.mark.parametrize("name", ["td3", "crossq", "crossq-sac"])
+def test_the_agent_publishes_its_learners_average_of_the_actor_and_resumes_it(name) -> None:
+    torch.manual_seed(0)
+    agent = Agent(SPEC, name, lr=1e-3)
+    rate = learner_class(name).__dict__.get("publish_average", 0.0)
+    assert (rate > 0) == (name == "crossq-sac")  # the stochastic learner's deterministic actor swings
+    avg = get_flat(agent.actor).astype(np.float64)
+    for i in range(1, 4 * agent.policy_freq + 1):
+        agent.train_step(_batch(seed=i))
+        if i % agent.policy_freq == 0:  # after each policy step: avg <- (1 - rate) avg + rate actor
+            avg += rate * (get_flat(agent.actor) - avg)
+    published = agent.actor_params()
+    if rate == 0:
+        np.testing.assert_array_equal(published, get_flat(agent.actor))
+    else:
+        assert not np.array_equal(published, get_flat(agent.actor))
+        np.testing.assert_allclose(published, avg, rtol=0, atol=1e-6)
+    # a resumed agent publishes the same average and goes on to the same bits
+    again = Agent(SPEC, name, lr=1e-3)
+    again.load_state(agent.state())
+    np.testing.assert_array_equal(again.actor_params(), published)
+    for a in (agent, again):
+        torch.manual_seed(5)
+        for i in range(agent.policy_freq):
+            a.train_step(_batch(seed=100 + i))
+    np.testing.assert_array_equal(again.actor_params(), agent.actor_params())
+
+
 def test_the_learner_setting_is_validated_and_brings_its_defaults() -> None:
     cfg = RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq")
     assert cfg.critic_hidden == LEARNER_DEFAULTS["crossq"]["critic_hidden"]
