@@ -61,3 +61,18 @@ def test_alone_resumes_a_stopped_cell_and_scores_a_finished_one_without_running_
     assert set(cell["scores"]) >= {"25", "50", "100"}
     again = learners.alone("crossq", ["Pendulum-v1"], [1], minutes=5, runs=tmp_path, quick=True, resume=True)["cells"]
     assert again[0]["wall_s"] == 0.0 and again[0]["scores"] == cell["scores"]  # finished: scored, not run
+
+
+def test_the_average_probe_finds_each_running_cells_redis_by_its_folder(tmp_path) -> None:
+    from aesrl_queue.redis_server import RedisServer
+
+    folder = tmp_path / "Hopper-v5" / "td3-crossq-sac-s2" / "redis"
+    folder.mkdir(parents=True)
+    server = RedisServer(directory=folder).start()
+    try:
+        found = actor_average.running_cells(tmp_path)
+        assert found == {"Hopper-v5/td3-crossq-sac-s2": int(server.url.rsplit(":", 1)[1].split("/")[0])}
+        assert actor_average.running_cells(tmp_path / "Hopper-v5" / "elsewhere") == {}
+    finally:
+        server.stop()
+    assert actor_average.running_cells(tmp_path) == {}
