@@ -23,6 +23,8 @@ Learners:
   Renormalization in the critic, whose one forward pass takes (s, a) and (s', a') together so both
   see the same batch statistics; wide critics (2048-2048); Adam with β1 = 0.5; a policy step every
   third critic step.
+- `crossq-sac`: CrossQ as published, on SAC's squashed Gaussian policy whose mean is the flat actor
+  (`CrossQSACLearner`); the `td3` baseline publishes a Polyak average of its actor.
 """
 
 from __future__ import annotations
