@@ -107,6 +107,8 @@ class RunConfig:
     # the off-policy learner (critic daemon, RL jobs, td3) and RL jobs
     learner: str = _setting("td3", "off-policy learner of the critic and the RL jobs: td3 (the paper's), crossq, crossq-sac")
     actor_lr: float = _setting(1e-3, "actor learning rate")
+    actor_average: float = _setting(0.0, "td3 baseline: rate of a Polyak average of the actor, which is the "
+                                         "actor evaluated and published (0: the actor itself)")
     critic_lr: float = _setting(1e-3, "critic learning rate")
     batch_size: int = _setting(256, "TD3 batch size")
     gamma: float = _setting(0.99, "discount")
@@ -263,7 +265,7 @@ class RunConfig:
         for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):
             val = getattr(self, name)
             need(real(val) and val > 0, name, f"must be a positive number, got {val!r}")
-        for name in ("rl_ratio", "gamma", "tau", "negative_ratio"):
+        for name in ("rl_ratio", "gamma", "tau", "negative_ratio", "actor_average"):
             val = getattr(self, name)
             need(real(val) and 0.0 <= val <= 1.0, name, f"must be in [0, 1], got {val!r}")
         for name in ("rl_gain", "policy_noise", "noise_clip", "expl_noise", "job_deadline", "critic_wait"):

@@ -448,7 +448,8 @@ class Agent:
 
     def __init__(self, spec: NetSpec, learner: str = "td3", lr: float = 3e-4, gamma: float = 0.99,
                  tau: float = 0.005, policy_noise: float = 0.2, noise_clip: float = 0.5,
-                 policy_freq: int | None = None, device: str | torch.device = "cpu", capturable: bool = False) -> None:
+                 policy_freq: int | None = None, device: str | torch.device = "cpu", capturable: bool = False,
+                 actor_average: float = 0.0) -> None:
         cls = learner_class(learner)
         self.policy_freq = int(policy_freq or cls.policy_delay)
         if self.policy_freq < 1:
@@ -456,6 +457,9 @@ class Agent:
         self.spec, self.device, self.tau = spec, torch.device(device), float(tau)
         self.actor = spec.make_actor(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if cls.has_targets else None
+        # a Polyak average of the actor (rate actor_average per policy step), published in its place
+        self.actor_average = float(actor_average)
+        self.actor_avg = copy.deepcopy(self.actor).requires_grad_(False) if self.actor_average > 0 else None
         self.learner = cls(spec, lr=lr, gamma=gamma, tau=tau, policy_noise=policy_noise, noise_clip=noise_clip,
                            device=self.device, delayed_targets=True, capturable=capturable)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, betas=cls.betas, capturable=capturable)
@@ -491,6 +495,8 @@ class Agent:
             self.learner.after_actor_step()
             if self.actor_target is not None:
                 soft_update(self.actor_target, self.actor, self.tau)
+            if self.actor_avg is not None:
+                soft_update(self.actor_avg, self.actor, self.actor_average)
             stats = torch.cat([stats, actor_loss.reshape(1)])
         return stats
 
@@ -525,7 +531,8 @@ class Agent:
         self._graphs[policy].replay()
 
     def actor_params(self) -> np.ndarray:
-        return get_flat(self.actor)
+        """The published actor: the Polyak average where there is one, else the actor."""
+        return get_flat(self.actor if self.actor_avg is None else self.actor_avg)
 
     def state(self) -> dict[str, Any]:
         """The checkpoint: the actor (and its target), both optimizers and the learner's critic."""
@@ -534,12 +541,16 @@ class Agent:
                    total_it=self.total_it)
         if self.actor_target is not None:
             out["actor_target"] = get_flat(self.actor_target)
+        if self.actor_avg is not None:
+            out["actor_avg"] = get_flat(self.actor_avg)
         return out
 
     def load_state(self, ckpt: dict[str, Any]) -> None:
         set_flat(self.actor, codec.check_array(ckpt["actor"], what="checkpoint actor"))
         if self.actor_target is not None:
             set_flat(self.actor_target, codec.check_array(ckpt["actor_target"], what="checkpoint actor_target"))
+        if self.actor_avg is not None:
+            set_flat(self.actor_avg, codec.check_array(ckpt.get("actor_avg", ckpt["actor"]), what="checkpoint actor_avg"))
         self.actor_opt.load_state_dict(to_tensors(ckpt["actor_opt"], self.device))
         self.learner.load_state({**ckpt, "opt": ckpt["critic_opt"]})
         self.total_it = int(ckpt["total_it"])

@@ -61,7 +61,7 @@ class TD3Baseline:
         self.graphed = self.device.type == "cuda"
         self.agent = Agent(self.spec, cfg.learner, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau,
                            policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip, device=self.device,
-                           capturable=self.graphed)
+                           capturable=self.graphed, actor_average=cfg.actor_average)
         self.replay = ReplayBuffer(cfg.obs_dim, cfg.act_dim, cfg.replay_capacity, device=self.device)
         state = store.state()
         self.total, self.episodes, self.version = state["steps"], state["results_applied"], state["version"]
