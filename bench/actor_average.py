@@ -53,7 +53,8 @@ def running_cells(runs: Path) -> dict[str, int]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            # redis-server rewrites its title to "PATH HOST:PORT", in one argument or several
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
         except OSError:
             continue
         if cmd and cmd[0].endswith(b"redis-server") and cwd.name == "redis" and runs.resolve() in cwd.parents:
