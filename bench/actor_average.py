@@ -1,8 +1,8 @@
-"""The actor against its Polyak average, in `td3` runs with `actor_average` > 0 (crossq-sac's swing).
+"""The actor against its Polyak average, in `td3` runs of a learner that publishes one (crossq-sac).
 
-With `actor_average` the run publishes and evaluates a Polyak average of its actor; training is the same
-as without it (the average only reads the actor), so one run holds both policies: its checkpoint
-carries the actor ("actor") and the average ("actor_avg").
+Such a run evaluates and publishes a Polyak average of its actor (the learner's `publish_average`);
+training is the same as without it (the average only reads the actor), so one run holds both policies:
+its checkpoint carries the actor ("actor") and the average ("actor_avg").
 
 `probe` reads every running cell's checkpoint under --runs (the cells' embedded Redis servers, found by
 their working directories) every --every seconds and scores both policies deterministically on fixed
@@ -48,7 +48,8 @@ def both(cfg, ckpt: dict[str, Any], starts: list[int]) -> dict[str, Any]:
 
 
 def running_cells(runs: Path) -> dict[str, int]:
-    """{run id: port} of the redis-server processes whose working directory is a cell's redis/ under runs."""
+    """{"ENV/RUN_ID": port} of the redis-server processes whose working directory is a cell's redis/
+    under runs (a cell's folder is runs/ENV/RUN_ID, its run id the folder's name)."""
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -60,7 +61,7 @@ def running_cells(runs: Path) -> dict[str, int]:
         if cmd and cmd[0].endswith(b"redis-server") and cwd.name == "redis" and runs.resolve() in cwd.parents:
             addr = next((c.decode() for c in cmd[1:] if c.startswith(b"127.0.0.1:")), None)
             if addr:
-                out[cwd.parent.name] = int(addr.rsplit(":", 1)[1])
+                out[f"{cwd.parent.parent.name}/{cwd.parent.name}"] = int(addr.rsplit(":", 1)[1])
     return out
 
 
@@ -71,18 +72,18 @@ def probe(runs: Path, every: float, starts: list[int], out: Path) -> None:
     seen: dict[str, int] = {}
     while cells := running_cells(runs):
         t0 = time.monotonic()
-        for run_id, port in sorted(cells.items()):
+        for cell, port in sorted(cells.items()):
             try:
-                store = Store(connect(f"redis://127.0.0.1:{port}/0"), run_id)
+                store = Store(connect(f"redis://127.0.0.1:{port}/0"), cell.rsplit("/", 1)[1])
                 ckpt = store.load_checkpoint("td3")
                 cfg = store.config()
             except Exception:  # noqa: BLE001 - the cell ended between the listing and the read
                 continue
-            if ckpt is None or "actor_avg" not in ckpt or seen.get(run_id) == int(ckpt["total"]):
+            if ckpt is None or "actor_avg" not in ckpt or seen.get(cell) == int(ckpt["total"]):
                 continue
-            seen[run_id] = int(ckpt["total"])
+            seen[cell] = int(ckpt["total"])
             with out.open("a") as f:
-                f.write(json.dumps({"cell": run_id, "t": round(time.time(), 1), **both(cfg, ckpt, starts)}) + "\n")
+                f.write(json.dumps({"cell": cell, "t": round(time.time(), 1), **both(cfg, ckpt, starts)}) + "\n")
         time.sleep(max(0.0, every - (time.monotonic() - t0)))
 
 
