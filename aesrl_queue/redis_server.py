@@ -10,6 +10,7 @@ on that folder picks a redis-server that can read it, or refuses before touching
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -265,3 +266,21 @@ class RedisServer:
 
     def __exit__(self, *exc) -> None:
         self.cleanup()
+
+
+@contextlib.contextmanager
+def folder_copy(folder: Path):
+    """A private redis-server on a copy of a run folder's Redis data (folder/redis), for as long as the
+    block runs: the folder is left as it is (no log line, no AOF rewrite), even while its run goes on.
+    A RedisVersionError names the folder's data, not the copy."""
+    with tempfile.TemporaryDirectory(prefix="aesrl-copy-") as tmp:
+        copy = Path(tmp) / "redis"
+        shutil.copytree(Path(folder) / "redis", copy, ignore=shutil.ignore_patterns("redis.log", "*.sock"))
+        try:
+            server = RedisServer(directory=copy, appendonly=True).start()
+        except RedisVersionError as exc:
+            raise RedisVersionError(str(exc).replace(str(copy), str(Path(folder) / "redis"))) from None
+        try:
+            yield server
+        finally:
+            server.stop()

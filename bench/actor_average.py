@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -90,18 +88,12 @@ def probe(runs: Path, every: float, starts: list[int], out: Path) -> None:
 def final_one(folder: str, starts: list[int]) -> dict[str, Any]:
     """The last checkpoint of a finished run folder (read from a copy of its Redis data), both policies."""
     from aesrl_queue.connection import connect
-    from aesrl_queue.redis_server import RedisServer
+    from aesrl_queue.redis_server import folder_copy
     from aesrl_queue.store import Store
 
-    tmp = Path(tempfile.mkdtemp(prefix="avg-"))
-    shutil.copytree(Path(folder) / "redis", tmp / "redis")
-    server = RedisServer(directory=tmp / "redis", appendonly=True).start()
-    try:
+    with folder_copy(Path(folder)) as server:
         store = Store(connect(server.url), Path(folder).name)
         cfg, ckpt = store.config(), store.load_checkpoint("td3")
-    finally:
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     got = both(cfg, ckpt, starts)
     return {"cell": Path(folder).name, "env": cfg.env_id, **got,
             "actor_mean": round(sum(got["actor"]) / len(starts), 1), "avg_mean": round(sum(got["avg"]) / len(starts), 1)}

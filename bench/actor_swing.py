@@ -29,19 +29,13 @@ def replay_rows(run_dir: str, run_id: str):
     """The run's config, its replay as arrays and its td3 checkpoint (the last one: a finished run
     writes its final networks there, a stopped one what it had), read from its Redis, started on a
     copy of the folder's data."""
-    import shutil
-    import tempfile
-
     import numpy as np
 
     from aesrl_queue.connection import connect
-    from aesrl_queue.redis_server import RedisServer
+    from aesrl_queue.redis_server import folder_copy
     from aesrl_queue.store import Store
 
-    tmp = Path(tempfile.mkdtemp(prefix="swing-"))
-    shutil.copytree(Path(run_dir) / "redis", tmp / "redis")
-    server = RedisServer(directory=tmp / "redis", appendonly=True).start()
-    try:
+    with folder_copy(Path(run_dir)) as server:
         store = Store(connect(server.url), run_id)
         cfg = store.config()
         parts = {k: [] for k in ("obs", "act", "rew", "next_obs", "done")}
@@ -56,9 +50,6 @@ def replay_rows(run_dir: str, run_id: str):
                     parts[k].append(np.asarray(ep[k], np.float32))
                 after = entry_id
         return cfg, {k: np.concatenate(v) for k, v in parts.items()}, store.load_checkpoint("td3")
-    finally:
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def one(args: tuple) -> dict:

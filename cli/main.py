@@ -11,10 +11,8 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -574,21 +572,16 @@ def status(ctx, redis_url, run, watch, until_done, interval, as_json) -> None:
 def _folder_redis(folder: Path):
     """The URL of a private redis-server on a copy of a run folder's Redis data, for as long as the
     block runs: the folder is left as it is (no log line, no AOF rewrite), even while its run goes on."""
-    from aesrl_queue.redis_server import RedisServer, RedisVersionError
+    from aesrl_queue.redis_server import RedisVersionError, folder_copy
 
-    with tempfile.TemporaryDirectory(prefix="aesrl-status-") as tmp:
-        copy = Path(tmp) / "redis"
-        shutil.copytree(folder / "redis", copy, ignore=shutil.ignore_patterns("redis.log", "*.sock"))
+    with contextlib.ExitStack() as stack:
         try:
-            server = RedisServer(directory=copy, appendonly=True).start()
+            server = stack.enter_context(folder_copy(folder))
         except RedisVersionError as exc:
-            fail(f"run: {str(exc).replace(str(copy), str(folder / 'redis'))}")
+            fail(f"run: {exc}")
         click.echo(f"status of {folder} from a copy of its Redis data (a run that still goes: pass the "
                    "--redis-url its `run` printed for live numbers)", err=True)
-        try:
-            yield server.url
-        finally:
-            server.stop()
+        yield server.url
 
 
 def _status(redis_url, run, watch, until_done, interval, as_json) -> None:
