@@ -52,6 +52,7 @@ class TD3Learner:
     policy_delay = 2
     has_targets = True  # the baseline keeps a target copy of its actor too
     betas = (0.9, 0.999)
+    publish_average = 0.0
 
     def __init__(self, spec: NetSpec, *, lr: float, gamma: float, tau: float, policy_noise: float,
                  noise_clip: float, device: str | torch.device = "cpu", capturable: bool = False,
@@ -196,6 +197,7 @@ class CrossQLearner:
     policy_delay = 3
     has_targets = False
     betas = (0.5, 0.999)
+    publish_average = 0.0
 
     def __init__(self, spec: NetSpec, *, lr: float, gamma: float, tau: float, policy_noise: float,
                  noise_clip: float, device: str | torch.device = "cpu", capturable: bool = False,
@@ -464,7 +466,7 @@ class Agent:
         self.spec, self.device, self.tau = spec, torch.device(device), float(tau)
         self.actor = spec.make_actor(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if cls.has_targets else None
-        self.average = float(getattr(cls, "publish_average", 0.0))
+        self.average = float(cls.publish_average)
         self.actor_avg = copy.deepcopy(self.actor).requires_grad_(False) if self.average > 0 else None
         self.learner = cls(spec, lr=lr, gamma=gamma, tau=tau, policy_noise=policy_noise, noise_clip=noise_clip,
                            device=self.device, delayed_targets=True, capturable=capturable)
@@ -537,8 +539,8 @@ class Agent:
         self._graphs[policy].replay()
 
     def actor_params(self) -> np.ndarray:
-        """The published actor: the learner's Polyak average of the actor where it keeps one
-        (`publish_average`), else the actor."""
+        """The published actor: the Polyak average of the actor where the learner's `publish_average`
+        is above 0, else the actor."""
         return get_flat(self.actor if self.actor_avg is None else self.actor_avg)
 
     def state(self) -> dict[str, Any]:

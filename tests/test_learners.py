@@ -126,7 +126,7 @@ def test_the_agent_takes_a_policy_step_every_policy_delay(name) -> None:
 def test_the_agent_publishes_its_learners_average_of_the_actor_and_resumes_it(name) -> None:
     torch.manual_seed(0)
     agent = Agent(SPEC, name, lr=1e-3)
-    rate = learner_class(name).__dict__.get("publish_average", 0.0)
+    rate = learner_class(name).publish_average
     assert (rate > 0) == (name == "crossq-sac")  # the stochastic learner's deterministic actor swings
     avg = get_flat(agent.actor).astype(np.float64)
     for i in range(1, 4 * agent.policy_freq + 1):
