@@ -59,8 +59,8 @@ def one(args: tuple) -> dict:
 
     from aesrl_queue.learners import Agent
     from aesrl_queue.nets import NetSpec, get_flat
-    from aesrl_queue.rollout import run_episodes
     from aesrl_queue.td3 import ReplayBuffer
+    from bench.actor_average import score
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -72,13 +72,11 @@ def one(args: tuple) -> dict:
     replay = ReplayBuffer(cfg.obs_dim, cfg.act_dim, len(rows["obs"]))
     replay.add_batch(rows["obs"], rows["act"], rows["rew"], rows["next_obs"], rows["done"])
     gen = torch.Generator().manual_seed(seed)
-    actor = spec.make_numpy_actor()
     scores = []
     for i in range(updates + 1):
         if i % every == 0:
-            actor.set_params(get_flat(agent.actor))  # the actor, not the average the run publishes
-            rets = [float(run_episodes(cfg.env_id, actor, k=1, seed=s, store=False).returns[0]) for s in starts]
-            scores.append({"updates": i, "returns": [round(r, 1) for r in rets], "mean": round(float(np.mean(rets)), 1)})
+            rets = score(cfg, get_flat(agent.actor), starts)  # the actor, not the average the run publishes
+            scores.append({"updates": i, "returns": rets, "mean": round(float(np.mean(rets)), 1)})
         if i < updates:
             agent.train_step(replay.sample(cfg.batch_size, generator=gen))
     means = [s["mean"] for s in scores]
