@@ -199,8 +199,9 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
     procs: dict[tuple[str, int], tuple[subprocess.Popen, float]] = {}
     resumed: dict[tuple[str, int], bool] = {}
     cpu: dict[tuple[str, int], float] = {}  # CPU seconds of each cell's processes, all of them
-    env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env_vars.pop("AESRL_REDIS_URL", None)
+    # protocol v2's environment: one thread, no outside Redis, the BLAS variables it names unset, so a
+    # cell picks its CPU kind's kernel whatever this machine sets (a rerun on that kind reproduces it)
+    env_vars = learning.cell_env(learning.PROTOCOL_V2)
     walls: dict[tuple[str, int], float] = {}
     for env in envs:
         for seed in seeds:
@@ -249,7 +250,7 @@ def alone(learner: str, envs: list[str], seeds: list[int], minutes: float, runs:
                       **({"resumed": True} if resumed.get((env, seed)) else {})})
     return {"learner": learner, "critic_hidden": own.get("critic_hidden"), **({"settings": settings, "tag": tag} if settings else {}),
             "steps": steps, "cells": sorted(cells, key=lambda c: (c["env"], c["seed"])),
-            "versions": learning.package_versions(), "cores": os.cpu_count(), "machine": learning.machine_facts(env_vars)}
+            "versions": learning.package_versions(), "cores": os.cpu_count(), "machine": learning.cell_machine_facts(learning.PROTOCOL_V2)}
 
 
 def alone_table(data: dict[str, Any]) -> str:
