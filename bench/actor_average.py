@@ -7,10 +7,14 @@ its checkpoint carries the actor ("actor") and the average ("actor_avg").
 `probe` reads every running cell's checkpoint under --runs (the cells' embedded Redis servers, found by
 their working directories) every --every seconds and scores both policies deterministically on fixed
 start states, one JSON line per cell and look. `final` scores the finished runs' last actor and last
-average on the learning protocol's 10 fixed start states (its 100 000-step column).
+average on the learning protocol's 10 fixed start states (its 100 000-step column). `falls` reads
+probe lines (a probe file, or a results file that keeps them under "probe") and prints, per cell, the
+mean of each policy's probes from --from steps and its falls: probes below half the median of their
+four neighbours (two before, two after), a policy that drops and comes back.
 
     python bench/actor_average.py probe --runs runs/learners [--every 60] [--starts 10000,10001,10002] --out FILE
     python bench/actor_average.py final RUN_FOLDER [RUN_FOLDER ...] [--out FILE]
+    python bench/actor_average.py falls PROBE_FILE [--from 50000]
 """
 
 from __future__ import annotations
@@ -99,6 +103,44 @@ def final_one(folder: str, starts: list[int]) -> dict[str, Any]:
             "actor_mean": round(sum(got["actor"]) / len(starts), 1), "avg_mean": round(sum(got["avg"]) / len(starts), 1)}
 
 
+def falls(values: list[float]) -> int:
+    """Probes below half the median of their four neighbours (two each side; fewer at the ends)."""
+    import statistics
+
+    n = 0
+    for i, v in enumerate(values):
+        around = values[max(0, i - 2):i] + values[i + 1:i + 3]
+        if len(around) >= 2 and v < 0.5 * statistics.median(around):
+            n += 1
+    return n
+
+
+def read_probes(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text()
+    if text.lstrip().startswith("{") and "\n{" not in text.strip():
+        data = json.loads(text)
+        return data["probe"] if "probe" in data else [data]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def falls_table(probes: list[dict[str, Any]], since: int) -> list[dict[str, Any]]:
+    """Per cell, in step order: each policy's mean over the probes from `since` steps, and its falls
+    over all of the cell's probes from `since` (each probe's value: the mean of its starts)."""
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for p in probes:
+        by_cell.setdefault(p["cell"], []).append(p)
+    rows = []
+    for cell, ps in sorted(by_cell.items()):
+        ps = sorted((p for p in ps if p["steps"] >= since), key=lambda p: p["steps"])
+        if not ps:
+            continue
+        mean = {k: [sum(p[k]) / len(p[k]) for p in ps] for k in ("avg", "actor")}
+        rows.append({"cell": cell, "probes": len(ps), "avg_mean": round(sum(mean["avg"]) / len(ps), 1),
+                     "actor_mean": round(sum(mean["actor"]) / len(ps), 1),
+                     "avg_falls": falls(mean["avg"]), "actor_falls": falls(mean["actor"])})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench import learning
 
@@ -112,7 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("final")
     f.add_argument("folders", nargs="+")
     f.add_argument("--out", type=Path)
+    fl = sub.add_parser("falls")
+    fl.add_argument("probes", type=Path)
+    fl.add_argument("--from", dest="since", type=int, default=50_000, help="first stored step counted")
     args = ap.parse_args(argv)
+    if args.cmd == "falls":
+        rows = falls_table(read_probes(args.probes), args.since)
+        print(f"{'cell':48} {'probes':>6} {'mean avg':>9} {'mean actor':>10} {'falls avg':>9} {'falls actor':>11}")
+        for r in rows:
+            print(f"{r['cell']:48} {r['probes']:>6} {r['avg_mean']:>9.0f} {r['actor_mean']:>10.0f} "
+                  f"{r['avg_falls']:>9} {r['actor_falls']:>11}")
+        return 0
     if args.cmd == "probe":
         probe(args.runs, args.every, [int(s) for s in args.starts.split(",")], args.out)
         return 0

@@ -76,3 +76,17 @@ def test_the_average_probe_finds_each_running_cells_redis_by_its_folder(tmp_path
     finally:
         server.stop()
     assert actor_average.running_cells(tmp_path) == {}
+
+
+def test_falls_counts_the_probes_below_half_their_neighbours_median_from_a_step(tmp_path) -> None:
+    # a policy that drops and comes back falls; a slow decline, or a low start it rises from, does not
+    assert actor_average.falls([100, 100, 40, 100, 100]) == 1
+    assert actor_average.falls([100, 90, 80, 70, 60, 50, 40]) == 0
+    assert actor_average.falls([100, 100, 100, 10, 12, 100, 100]) == 2
+    probes = [{"cell": "Hopper-v5/c-s1", "steps": s, "avg": [a] * 3, "actor": [b] * 3}
+              for s, a, b in [(40_000, 1, 1), (50_000, 300, 300), (51_000, 300, 30), (52_000, 300, 300),
+                              (53_000, 600, 300)]]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(p) + "\n" for p in reversed(probes)))
+    [row] = actor_average.falls_table(actor_average.read_probes(tmp_path / "p.jsonl"), 50_000)
+    assert row == {"cell": "Hopper-v5/c-s1", "probes": 4, "avg_mean": 375.0, "actor_mean": 232.5,
+                   "avg_falls": 0, "actor_falls": 1}
