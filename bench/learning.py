@@ -89,7 +89,12 @@ PROTOCOL_V2: dict[str, Any] = {
     "compared": [LEARNER_V2, "td3", "cemrl"],
     # development cells only (--cells, seeds 1-3): the other ES + RL algorithms with the learner
     "development_algos": {"pcemrl": {"algo": "pcemrl", "learner": LEARNER_V2},
-                          "acemrl": {"algo": "acemrl", "learner": LEARNER_V2}},
+                          "acemrl": {"algo": "acemrl", "learner": LEARNER_V2},
+                          # aesrl's departures on the shifted rewards, with the learner: the critic on the
+                          # environment's rewards; neither the rule nor the critic shifted (the paper)
+                          "aesrl-no-critic-shift": {"algo": "aesrl", "learner": LEARNER_V2, "critic_shift": False},
+                          "aesrl-no-shift": {"algo": "aesrl", "learner": LEARNER_V2, "fitness_shift": 0.0,
+                                             "critic_shift": False}},
     "budget_steps": 100_000,
     # every critic 256-256, the first protocol's size: the protocol runs on 2-core CPU machines, where
     # crossq-sac's published 2048-2048 critic trains ~3 steps/s per core (bench/results/learners-micro-cpu.json),
