@@ -294,13 +294,17 @@ class LogStd(nn.Module):
         return _mlp_forward(self.layers, self._act, obs).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
 
+def gaussian_logp(log_std: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """log N(mean + std·noise; mean, std), summed over the action's dimensions: the draw before the squash."""
+    return (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
+
+
 def squashed_draw(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor,
                   max_action: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(action, log π(action)): tanh(mean + std·noise)·max_action, reparameterised, and the
     log-probability of the squashed action in [-1, 1] (the Gaussian's, less the tanh's log-Jacobian)."""
     squashed = torch.tanh(mean + log_std.exp() * noise)
-    logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
-    logp = logp - torch.log(1.0 - squashed.pow(2) + 1e-6).sum(-1, keepdim=True)
+    logp = gaussian_logp(log_std, noise) - torch.log(1.0 - squashed.pow(2) + 1e-6).sum(-1, keepdim=True)
     return squashed * max_action, logp
 
 
@@ -335,7 +339,11 @@ class CrossQSACLearner(CrossQLearner):
     maximises min(Q1, Q2) - α·log π, mean and log-std together, and α follows, every third critic
     step. The critic daemon has no actor: there each critic step also takes that step for the log-std
     and α alone, around the target policy's mean (μ), and RL jobs climb the published critic, log-std
-    and α with SAC's loss (SACJobCritic)."""
+    and α with SAC's loss (SACJobCritic). There α follows the entropy of the Gaussian before the
+    squash, the part the log-std sets: the squash's share is set by μ, which ES and the RL jobs move
+    and no step here can. Where μ's pre-tanh output is large the squashed policy cannot reach the
+    target entropy at any width, and α tuned on it grows without bound and takes the critic with it
+    (Hopper-v5, aesrl: log α 4.5 and a critic loss of 10¹¹ by 24 000 critic steps)."""
 
     name = "crossq-sac"
     stochastic = True
@@ -391,10 +399,15 @@ class CrossQSACLearner(CrossQLearner):
     def _policy_step(self, actor: nn.Module, actor_opt: torch.optim.Optimizer | None, obs: torch.Tensor,
                      generator: torch.Generator | None = None) -> torch.Tensor:
         """SAC's policy step: α toward the target entropy, then the log-std (and the actor's mean, with
-        `actor_opt`; held where there is none) up min(Q1, Q2) - α·log π."""
+        `actor_opt`; held where there is none) up min(Q1, Q2) - α·log π. With the mean held, α
+        follows the Gaussian's entropy before the squash (the class's docstring says why)."""
         alpha = self.log_alpha.detach().exp()  # the temperature before this step's update, as SAC's code
-        act, logp = self.sample(actor, obs, generator=generator)
-        alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+        mean = actor.pre_tanh(obs)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        log_std = self.log_std(obs)
+        act, logp = squashed_draw(mean, log_std, noise, self.spec.max_action)
+        entropy_of = logp if actor_opt is not None else gaussian_logp(log_std, noise)
+        alpha_loss = -(self.log_alpha * (entropy_of.detach() + self.target_entropy)).mean()
         (self.log_alpha.grad,) = torch.autograd.grad(alpha_loss, [self.log_alpha])
         self.alpha_opt.step()
         q1, q2 = self.actor_critic()(obs, act)

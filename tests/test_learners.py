@@ -269,3 +269,27 @@ def test_crossq_sac_draws_a_squashed_gaussian_around_the_flat_actor_and_tunes_it
     rng = np.random.default_rng(0)
     draws = np.array([learner.explore(actor, obs[0], rng) for _ in range(50)])
     assert draws.shape == (50, SPEC.act_dim) and np.abs(draws).max() <= 1.0 and draws.std(0).min() > 0.01
+
+
+def test_the_daemons_temperature_settles_where_mu_is_saturated() -> None:
+    """With no actor of its own (the critic daemon) crossq-sac tunes α on the Gaussian's entropy before
+    the squash: a μ whose pre-tanh output is far out (tanh at ±1) leaves the squashed policy below the
+    target entropy at any width, and α tuned on that grows every step; on the Gaussian's it falls."""
+    torch.manual_seed(0)
+    daemon = CrossQSACLearner(SPEC, **KW)
+    mu = SPEC.make_actor()
+    with torch.no_grad():
+        mu.layers[-1].weight.mul_(0.1)
+        mu.layers[-1].bias.fill_(6.0)
+    obs = _batch()["obs"]
+    assert float(mu.pre_tanh(obs).abs().min()) > 3.0
+    for i in range(100):
+        daemon.critic_step(_batch(seed=i), mu)
+    assert float(daemon.log_alpha) < -0.05
+    # the same μ with the whole policy's entropy (the baseline's SAC step, where the mean trains too): α grows
+    baseline = CrossQSACLearner(SPEC, **KW, delayed_targets=True)
+    opt = torch.optim.Adam(mu.parameters(), lr=0.0)  # the mean held: only the entropy the squash leaves counts
+    for i in range(100):
+        baseline.critic_step(_batch(seed=i), mu)
+        baseline.actor_step(mu, opt, obs)
+    assert float(baseline.log_alpha) > 0.05
