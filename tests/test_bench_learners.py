@@ -4,11 +4,12 @@ protocol's --quick settings (real `aesrl-queue run` processes, snapshots scored 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
 
-from bench import actor_average, actor_swing, learners
+from bench import actor_average, actor_swing, daemon_alpha, learners, learning, rl_job_steps
 
 
 def test_micro_times_each_learner_and_tables_them_against_td3() -> None:
@@ -90,3 +91,25 @@ def test_falls_counts_the_probes_below_half_their_neighbours_median_from_a_step(
     [row] = actor_average.falls_table(actor_average.read_probes(tmp_path / "p.jsonl"), 50_000)
     assert row == {"cell": "Hopper-v5/c-s1", "probes": 4, "avg_mean": 375.0, "actor_mean": 232.5,
                    "avg_falls": 0, "actor_falls": 1}
+
+
+def test_daemon_alpha_and_rl_job_steps_read_a_finished_aesrl_crossq_sac_run(tmp_path) -> None:
+    # a quick aesrl run with crossq-sac (Pendulum-v1, small nets), as a development cell runs it, past its
+    # random phase (a job stores two 200-step episodes, the individual's and μ's)
+    protocol = {**learning.QUICK, "budget_steps": 4_000, "algos": {"aesrl": {"algo": "aesrl", "learner": "crossq-sac"}}}
+    folder, cfg_file = tmp_path / "aesrl-s1", tmp_path / "aesrl-s1.config.json"
+    cfg_file.write_text(json.dumps({"env_id": "Pendulum-v1", **learning.cell_settings("aesrl", protocol)}))
+    done = subprocess.run(learning.cell_command("Pendulum-v1", "aesrl", 1, protocol, folder, cfg_file),
+                          cwd=learning.ROOT, env=learning.cell_env(protocol), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    # bench/daemon_alpha.py: the daemon's learner on the run's replay around its last μ, α tuned three ways
+    runs = {r: daemon_alpha.trace(str(folder), r, "last", 40, 20) for r in daemon_alpha.RULES}
+    assert [p["steps"] for p in runs["gaussian"]["points"]] == [20, 40]
+    assert runs["gaussian"]["replay"] >= 1200
+    assert all(p["log_alpha"] <= 0.0 for p in runs["capped"]["points"])
+    assert all(np.isfinite(p["loss"]) and np.isfinite(p["q1"]) for r in runs.values() for p in r["points"])
+    # bench/rl_job_steps.py: the job's actor steps from that μ against the run's last critic
+    got = rl_job_steps.trace(folder, 4, 2, 0.5, [1, 2], [10_000])
+    assert got["learner"] == "crossq-sac" and got["critic_version"] >= 1
+    assert [[p["steps"] for p in s["points"]] for s in got["seeds"]] == [[2, 4], [2, 4]]
+    assert got["seeds"][0]["points"] != got["seeds"][1]["points"]  # each seed draws its own batches
