@@ -406,8 +406,8 @@ class CrossQSACLearner(CrossQLearner):
         noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         log_std = self.log_std(obs)
         act, logp = squashed_draw(mean, log_std, noise, self.spec.max_action)
-        entropy_of = logp if actor_opt is not None else gaussian_logp(log_std, noise)
-        alpha_loss = -(self.log_alpha * (entropy_of.detach() + self.target_entropy)).mean()
+        held = self.alpha_logp(logp, log_std, noise, mean_trains=actor_opt is not None).detach()
+        alpha_loss = -(self.log_alpha * (held + self.target_entropy)).mean()
         (self.log_alpha.grad,) = torch.autograd.grad(alpha_loss, [self.log_alpha])
         self.alpha_opt.step()
         q1, q2 = self.actor_critic()(obs, act)
@@ -421,6 +421,12 @@ class CrossQSACLearner(CrossQLearner):
         if actor_opt is not None:
             actor_opt.step()
         return loss.detach()
+
+    @staticmethod
+    def alpha_logp(logp: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, mean_trains: bool) -> torch.Tensor:
+        """The log π that α is tuned on: the squashed policy's where the step trains the mean too (SAC),
+        the Gaussian's before the squash where the mean is held (the class's docstring says why)."""
+        return logp if mean_trains else gaussian_logp(log_std, noise)
 
     @classmethod
     def critic_for_actor(cls, spec: NetSpec, weights: dict[str, Any], device: str | torch.device) -> nn.Module:

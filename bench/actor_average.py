@@ -116,11 +116,13 @@ def falls(values: list[float]) -> int:
 
 
 def read_probes(path: Path) -> list[dict[str, Any]]:
+    """Probe lines: a probe file (one JSON line per probe), or a results file that keeps them under "probe"."""
     text = path.read_text()
-    if text.lstrip().startswith("{") and "\n{" not in text.strip():
+    try:
         data = json.loads(text)
-        return data["probe"] if "probe" in data else [data]
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError:  # more than one line: a probe file
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return data["probe"] if "probe" in data else [data]
 
 
 def falls_table(probes: list[dict[str, Any]], since: int) -> list[dict[str, Any]]:

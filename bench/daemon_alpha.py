@@ -32,52 +32,47 @@ RULES = ("gaussian", "squashed", "capped")
 
 
 def _squashed_rule(learner, capped: bool) -> None:
-    """Make `learner`'s held-mean policy step tune α on the squashed policy's entropy (capped: log α ≤ 0)."""
+    """Tune `learner`'s α on the squashed policy's entropy with the mean held too (capped: log α ≤ 0)."""
     import torch
 
-    from aesrl_queue.learners import squashed_draw
+    learner.alpha_logp = lambda logp, log_std, noise, mean_trains: logp
+    if capped:
+        step = learner.alpha_opt.step
 
-    def policy_step(actor, actor_opt, obs, generator=None):
-        alpha = learner.log_alpha.detach().exp()
-        mean = actor.pre_tanh(obs)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        act, logp = squashed_draw(mean, learner.log_std(obs), noise, learner.spec.max_action)
-        alpha_loss = -(learner.log_alpha * (logp.detach() + learner.target_entropy)).mean()
-        (learner.log_alpha.grad,) = torch.autograd.grad(alpha_loss, [learner.log_alpha])
-        learner.alpha_opt.step()
-        if capped:
+        def capped_step(*args, **kwargs):
+            step(*args, **kwargs)
             with torch.no_grad():
                 learner.log_alpha.clamp_(max=0.0)
-        q1, q2 = learner.actor_critic()(obs, act)
-        loss = (alpha * logp - torch.min(q1, q2)).mean()
-        params = list(learner.log_std.parameters())
-        for p, g in zip(params, torch.autograd.grad(loss, params), strict=True):
-            p.grad = g
-        learner.std_opt.step()
-        return loss.detach()
 
-    learner._policy_step = policy_step
+        learner.alpha_opt.step = capped_step
+
+
+def open_run(folder: Path):
+    """(the critic daemon of a stopped run, its last μ version, that μ, (critic version, weights)), read
+    from a copy of the folder's Redis data; the daemon's replay mirrors the whole run's."""
+    from aesrl_queue.connection import connect
+    from aesrl_queue.redis_server import folder_copy
+    from workers.critic import CriticDaemon
+
+    with folder_copy(folder) as server:
+        client = connect(server.url)
+        daemon = CriticDaemon(client, client, folder.name, device="cpu", cuda_graph=False)
+        while daemon.sync():
+            pass
+        version = daemon.store.current_version()
+        return daemon, version, daemon.store.read_dist(version)[0], daemon.store.read_critic()
 
 
 def trace(folder: str, rule: str, which_mu: str, steps: int, every: int) -> dict[str, Any]:
     import torch
 
-    from aesrl_queue.connection import connect
     from aesrl_queue.nets import set_flat
-    from aesrl_queue.redis_server import folder_copy
-    from workers.critic import CriticDaemon
 
     torch.set_num_threads(1)
-    with folder_copy(Path(folder)) as server:
-        client = connect(server.url)
-        daemon = CriticDaemon(client, client, Path(folder).name, device="cpu", cuda_graph=False)
-        if daemon.cfg.learner != "crossq-sac":
-            raise SystemExit(f"{folder}: the run's learner is {daemon.cfg.learner}, not crossq-sac")
-        while daemon.sync():
-            pass
-        mu = (daemon.spec.init_actor_params(daemon.cfg.seed) if which_mu == "mu0"
-              else daemon.store.read_dist(daemon.store.current_version())[0])
-    set_flat(daemon.target_actor, mu)
+    daemon, _, last, _ = open_run(Path(folder))
+    if daemon.cfg.learner != "crossq-sac":
+        raise SystemExit(f"{folder}: the run's learner is {daemon.cfg.learner}, not crossq-sac")
+    set_flat(daemon.target_actor, daemon.spec.init_actor_params(daemon.cfg.seed) if which_mu == "mu0" else last)
     learner = daemon.learner
     if rule != "gaussian":
         _squashed_rule(learner, capped=rule == "capped")

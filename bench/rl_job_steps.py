@@ -27,24 +27,18 @@ def trace(folder: Path, steps: int, every: int, rate: float, seeds: list[int], s
     import numpy as np
     import torch
 
-    from aesrl_queue.connection import connect
     from aesrl_queue.learners import learner_class
     from aesrl_queue.nets import get_flat, set_flat
-    from aesrl_queue.redis_server import folder_copy
     from aesrl_queue.td3 import _actor_step
     from bench.actor_average import score
-    from workers.critic import CriticDaemon
+    from bench.daemon_alpha import open_run
 
     torch.set_num_threads(1)
-    with folder_copy(folder) as server:
-        client = connect(server.url)
-        daemon = CriticDaemon(client, client, folder.name, device="cpu", cuda_graph=False)
-        while daemon.sync():
-            pass
-        cfg, spec = daemon.cfg, daemon.spec
-        version = daemon.store.current_version()
-        mu = daemon.store.read_dist(version)[0]
-        critic_version, weights = daemon.store.read_critic()
+    daemon, version, mu, critic = open_run(folder)
+    if critic is None:
+        raise SystemExit(f"{folder}: the run published no critic (it ended in its random phase)")
+    critic_version, weights = critic
+    cfg, spec = daemon.cfg, daemon.spec
     learner = learner_class(cfg.learner)
     critic = learner.critic_for_actor(spec, weights, "cpu")
     out: dict[str, Any] = {"folder": folder.name, "env": cfg.env_id, "learner": cfg.learner, "mu_version": version,
