@@ -50,12 +50,15 @@ def _squashed_rule(learner, capped: bool) -> None:
 def open_run(folder: Path):
     """(the critic daemon of a stopped run, its last μ version, that μ, (critic version, weights)), read
     from a copy of the folder's Redis data; the daemon's replay mirrors the whole run's."""
+    import torch
+
     from aesrl_queue.connection import connect
     from aesrl_queue.redis_server import folder_copy
     from workers.critic import CriticDaemon
 
     with folder_copy(folder) as server:
         client = connect(server.url)
+        torch.manual_seed(0)  # the daemon's fresh critic and log-std: the same initial weights each time
         daemon = CriticDaemon(client, client, folder.name, device="cpu", cuda_graph=False)
         while daemon.sync():
             pass

@@ -108,6 +108,8 @@ def test_daemon_alpha_and_rl_job_steps_read_a_finished_aesrl_crossq_sac_run(tmp_
     assert runs["gaussian"]["replay"] >= 1200
     assert all(p["log_alpha"] <= 0.0 for p in runs["capped"]["points"])
     assert all(np.isfinite(p["loss"]) and np.isfinite(p["q1"]) for r in runs.values() for p in r["points"])
+    again = daemon_alpha.trace(str(folder), "gaussian", "last", 40, 20)  # torch seeded: the same trace
+    assert [p["loss"] for p in again["points"]] == [p["loss"] for p in runs["gaussian"]["points"]]
     # bench/rl_job_steps.py: the job's actor steps from that μ against the run's last critic
     got = rl_job_steps.trace(folder, 4, 2, 0.5, [1, 2], [10_000])
     assert got["learner"] == "crossq-sac" and got["critic_version"] >= 1
