@@ -97,7 +97,10 @@ PROTOCOL_V2: dict[str, Any] = {
                                              "critic_shift": False},
                           # RL jobs of at most 250 actor steps: offline, an RL job's actor climbed from μ
                           # for ~250 steps and fell after (bench/results/rl-job-steps-aesrl-crossq-sac-s1.json)
-                          "aesrl-rl250": {"algo": "aesrl", "learner": LEARNER_V2, "rl_steps_max": 250}},
+                          "aesrl-rl250": {"algo": "aesrl", "learner": LEARNER_V2, "rl_steps_max": 250},
+                          # CEM-RL with the paper's learner at protocol v2's sizes: whether the learner is
+                          # what holds the ES + RL algorithms back with crossq-sac
+                          "cemrl-td3": {"algo": "cemrl", "learner": "td3"}},
     "budget_steps": 100_000,
     # every critic 256-256, the first protocol's size: the protocol runs on 2-core CPU machines, where
     # crossq-sac's published 2048-2048 critic trains ~3 steps/s per core (bench/results/learners-micro-cpu.json),
