@@ -32,6 +32,7 @@ def trace(folder: Path, steps: int, every: int, rate: float, seeds: list[int], s
     from aesrl_queue.td3 import _actor_step
     from bench.actor_average import score
     from bench.daemon_alpha import open_run
+    from workers.jobs import critic_module
 
     torch.set_num_threads(1)
     daemon, version, mu, critic = open_run(folder)
@@ -40,7 +41,7 @@ def trace(folder: Path, steps: int, every: int, rate: float, seeds: list[int], s
     critic_version, weights = critic
     cfg, spec = daemon.cfg, daemon.spec
     learner = learner_class(cfg.learner)
-    critic = learner.critic_for_actor(spec, weights, "cpu")
+    critic = critic_module(cfg, weights)  # the critic an RL job of the run rebuilds from these weights
     out: dict[str, Any] = {"folder": folder.name, "env": cfg.env_id, "learner": cfg.learner, "mu_version": version,
                            "critic_version": critic_version, "starts": starts, "mu": score(cfg, mu, starts), "seeds": []}
     for seed in seeds:
