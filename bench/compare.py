@@ -54,7 +54,7 @@ MODES = {
                      "(TD3 too, instead of 256-256), 10 000 stored steps (preset 40 000), 1000 random start steps, "
                      "rl_steps <= 1000"},
     # Quick: a smoke run of every algorithm (rows, not numbers) in under a minute.
-    "quick": {"steps": 2000, "wall": 5.0, "seeds": (0,), "workers": 2, "timeout": 60.0,
+    "quick": {"steps": 4000, "wall": 5.0, "seeds": (0,), "workers": 2, "timeout": 60.0,
               "config": {"initial_steps": 200, "td3_start_steps": 200, "td3_eval_every": 200, "population": 4,
                          "hidden": (8, 8), "critic_hidden": (16, 16), "mean_eval_episodes": 1,
                          "rl_steps_max": 100, "critic_chunk": 100, "critic_wait": 20.0},
