@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from bench import actor_average, actor_swing, daemon_alpha, learners, learning, rl_job_steps
+from bench import actor_average, actor_swing, daemon_alpha, learners, learning, replay_sources, rl_job_steps
 
 
 def test_micro_times_each_learner_and_tables_them_against_td3() -> None:
@@ -115,3 +115,16 @@ def test_daemon_alpha_and_rl_job_steps_read_a_finished_aesrl_crossq_sac_run(tmp_
     assert got["learner"] == "crossq-sac" and got["critic_version"] >= 1
     assert [[p["steps"] for p in s["points"]] for s in got["seeds"]] == [[2, 4], [2, 4]]
     assert got["seeds"][0]["points"] != got["seeds"][1]["points"]  # each seed draws its own batches
+    # bench/replay_sources.py: the replay read back by source, and a fresh agent trained on parts of it
+    cfg, episodes = replay_sources.read_episodes(folder, 3_000)
+    sizes = {src: sum(len(ep["rew"]) for s, ep in episodes if s == src) for src in replay_sources.SOURCES}
+    assert sum(sizes.values()) >= 3_000 and sizes["random"] >= cfg.initial_steps // 2
+    assert sizes["random_mu"] > 0 and sizes["mu"] > 0 and sizes["es"] + sizes["rl"] > 0
+    sources = replay_sources.subset_sources("all-mu-random_mu")
+    assert sources == {"random", "es", "rl"}
+    part = replay_sources.train(cfg, episodes, sources, 0, 40, 20)
+    assert part["size"] == sizes["random"] + sizes["es"] + sizes["rl"] and [p["steps"] for p in part["points"]] == [20, 40]
+    assert replay_sources.train(cfg, episodes, sources, 0, 40, 20)["points"] == part["points"]  # seeded
+    assert replay_sources.train(cfg, episodes, sources, 1, 40, 20)["points"] != part["points"]
+    with pytest.raises(SystemExit, match="subsets"):
+        replay_sources.subset_sources("all-critic")
