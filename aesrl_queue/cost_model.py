@@ -9,7 +9,7 @@ this machine for a run's config and writes it.
 A job takes job_overhead_s + env_step_s × (environment steps it played: its episode or antithetic
 pair and its f(μ) episodes) + actor_step_s × (its RL actor steps). Its result reaches the scheduler
 result_latency_s after the job ends. A commit's new μ version and the jobs it dispatches reach the
-workers publish_latency_s after the commit; the critic spends critic_chunk / learner_steps_per_s on a
+workers publish_latency_s after the commit; the critic spends a chunk's steps / learner_steps_per_s on a
 chunk and publish_latency_s on publishing its weights, one after the other, as the daemon does. The
 scheduler is one server: it spends tell_s on each result, and a result that arrives while it is busy
 waits its turn, which bounds a run's results per second by 1 / tell_s. A worker takes its next job

@@ -14,8 +14,8 @@ things happen: a heap of virtual times instead of RQ workers and the wall clock.
   cost model (aesrl_queue/cost_model.py), + result_latency_s.
 - Results are told in virtual completion order; ties of time are broken by the order in which the
   events were made, which the same seed and cost model reproduce.
-- The critic trains chunk after chunk, each critic_chunk / learner_steps_per_s + publish_latency_s
-  long, with the replay as of the chunk's start, never more steps than are stored (as the daemon).
+- The critic trains chunk after chunk, each n / learner_steps_per_s + publish_latency_s long, n as the
+  daemon picks it (CriticDaemon.next_chunk), with the replay as of the chunk's start.
 - The scheduler's clock is the virtual one: the pace of publications (PUBLISH_HZ; jobs refilled in
   between draw on the last published version), the critic wait and its polls (every 50 ms while it waits for something, 500 ms while slots are free) run in virtual time.
   It tells one result at a time, tell_s each; a result that arrives meanwhile waits its turn.
@@ -226,7 +226,7 @@ class VirtualCritic:
 
     def advance(self, t: float) -> None:
         """Publish every chunk that ends by `t`, and train every chunk that starts by `t`."""
-        d, cfg = self.daemon, self.cfg
+        d = self.daemon
         while True:
             if self.held is not None:
                 at, stats = self.held
@@ -242,12 +242,8 @@ class VirtualCritic:
                     self.checkpointed_at = at
                 self.on_publish(at)
             d.sync()
-            if cfg.critic_on_request:
-                limit, smallest = d.store.state_field("critic_request"), 1
-            else:
-                limit, smallest = d.store.state_field("steps"), min(cfg.critic_chunk, 100)
-            n = min(cfg.critic_chunk, max(0, limit - d.trained))
-            if len(d.buffer) < cfg.batch_size or n < smallest:
+            n = d.next_chunk(self.cost.learner_steps_per_s)
+            if not n:
                 self.free_at = t  # idle: the next chunk starts no earlier than what comes next
                 return
             d.refresh_target_policy()

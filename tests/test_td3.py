@@ -23,7 +23,7 @@ from aesrl_queue.td3 import (
     soft_update,
     train_actor,
 )
-from tests.conftest import ROOT, child_env
+from tests.conftest import ROOT, child_env, wait_for
 
 SPEC = NetSpec(obs_dim=4, act_dim=2, max_action=1.0, hidden=(16, 16), critic_hidden=(32, 32))
 
@@ -311,3 +311,38 @@ def test_critic_shift_applies_to_aesrl_only() -> None:
     assert RunConfig.from_preset("Hopper-v5", critic_shift=True, rl_ratio=0.0).validate().critic_shift is True
     with pytest.raises(ConfigError, match="^critic_shift: must be true or false"):
         RunConfig.from_preset("Hopper-v5", critic_shift="yes").validate()
+
+
+def test_a_slow_critic_publishes_chunks_that_take_a_quarter_of_critic_wait(client) -> None:
+    """The scheduler takes a critic whose steps have not moved for critic_wait for a stopped one and
+    opens the lag gate; so a daemon whose critic_chunk would take longer than that at its measured rate
+    publishes smaller chunks. critic_wait 0.04 s makes any critic below 100 000 steps/s that slow."""
+    import threading
+
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.store import Store
+    from workers.critic import CriticDaemon
+
+    run = "slowcritic"
+    cfg = RunConfig.from_preset("AesrlNull-v0", run_id=run, batch_size=32, critic_chunk=1000,
+                                critic_wait=0.04).resolve().validate()
+    store = Store(client, run)
+    assert store.write_config(cfg)
+    n = 64
+    store.append_episode({"obs": np.zeros((n, cfg.obs_dim), np.float32), "act": np.zeros((n, cfg.act_dim), np.float32),
+                          "rew": np.ones(n, np.float32), "next_obs": np.zeros((n, cfg.obs_dim), np.float32),
+                          "done": (np.arange(n) == n - 1).astype(np.float32)}, job=f"{run}-j")
+    store.set_state(steps=1_000_000)  # no limit from the stored steps
+    stop = threading.Event()
+    daemon = CriticDaemon(client, client, run, device="cpu", stop_event=stop)
+    worker = threading.Thread(target=daemon.run, daemon=True)
+    worker.start()
+    try:
+        wait_for(lambda: store.state_field("critic_version") >= 4, 300, what="four critic versions")
+    finally:
+        stop.set()
+        worker.join(120)
+    version, trained = store.state_field("critic_version"), store.state_field("critic_steps")
+    rate = float(store.state().get("critic_steps_per_s", 0))
+    # the first chunk, at no measured rate, is critic_chunk; the later ones are capped by the rate
+    assert rate > 0 and trained < version * cfg.critic_chunk, (version, trained, rate)

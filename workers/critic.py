@@ -229,6 +229,23 @@ class CriticDaemon:
                 if not wait_until_reachable(self.r, f"critic daemon of run {cfg.run_id}", exc, self.stop_event):
                     return "stopped"
 
+    def next_chunk(self, steps_per_s: float) -> int:
+        """The steps of the next chunk (0: none yet). Never ahead of the environment steps stored (one
+        critic step per stored step); serial CEM-RL / P-CEM-RL train exactly the steps the scheduler
+        asked for between generations (state `critic_request`, a total), then idle (docs/decisions.md).
+        A published chunk is all the scheduler sees of the critic's progress, and one that takes longer
+        than critic_wait reads as a stopped critic (the lag gate opens): at `steps_per_s`, the rate last
+        measured, a chunk takes at most a quarter of critic_wait (a loaded CPU, a large critic)."""
+        cfg = self.cfg
+        if cfg.critic_on_request:
+            limit, smallest = self.store.state_field("critic_request"), 1
+        else:
+            limit, smallest = self.store.state_field("steps"), min(cfg.critic_chunk, 100)
+        n = min(cfg.critic_chunk, max(0, limit - self.trained))
+        if len(self.buffer) < cfg.batch_size or n < smallest:
+            return 0
+        return min(n, max(1, int(steps_per_s * cfg.critic_wait / 4))) if steps_per_s > 0 else n
+
     def _loop(self) -> str:
         cfg = self.cfg
         while not self.stop_event.is_set():
@@ -237,16 +254,9 @@ class CriticDaemon:
                 self.checkpoint()
                 log.info("run %s is %s; critic daemon exits at version %d", cfg.run_id, status, self.version)
                 return status
-            if cfg.critic_on_request:
-                # Serial CEM-RL / P-CEM-RL: train exactly the steps the scheduler asked for between
-                # generations (state `critic_request`, a total), then idle (docs/decisions.md).
-                limit, smallest, block = self.store.state_field("critic_request"), 1, 200
-            else:
-                limit, smallest, block = self.store.state_field("steps"), min(cfg.critic_chunk, 100), 1000
-            chunk = min(cfg.critic_chunk, max(0, limit - self.trained))
-            # Never train ahead of the environment steps stored (one critic step per stored step).
-            if len(self.buffer) < cfg.batch_size or chunk < smallest:
-                self.sync(block_ms=block)
+            chunk = self.next_chunk(self.steps_per_s)
+            if not chunk:
+                self.sync(block_ms=200 if cfg.critic_on_request else 1000)
                 continue
             self.sync()
             self.refresh_target_policy()
