@@ -387,6 +387,16 @@ def test_fitness_shift_judges_returns_less_a_bonus_per_step_and_reports_the_retu
     tell(opt, ev)
     up = tell(roundtrip(opt), evaluated(opt, b, fitness=300.0, f_mu=math.nan, length=200))
     assert up.history["f_ref"] == 0.0 and up.history["delta"] == 100.0 and up.moved
+    # an antithetic pair's estimate carries the pair's mean length: a later individual judged against
+    # it is compared with the pair's mean return less the bonus of those steps, not with the return
+    cfg = config("aesrl", initial_steps=0, r=100.0, fitness_shift=1.0, mean_eval_paired=False, es_antithetic=True)
+    opt = AesrlOptimizer(cfg, mu0(cfg))
+    a, b = ask(opt, 2, steps=0, inflight=0, critic_version=0, now=0.0)
+    ev = evaluated(opt, a, fitness=1000.0, f_mu=1000.0, length=1000)
+    ev.mirror_z, ev.mirror_fitness, ev.mirror_length = noise.sample(opt.mean, opt.var, noise.mirrored(a["seed"])), 1000.0, 1000
+    tell(opt, ev)
+    up = tell(roundtrip(opt), evaluated(opt, b, fitness=300.0, f_mu=math.nan, length=200))
+    assert up.history["f_ref"] == 0.0 and up.history["delta"] == 100.0 and up.moved
 
 
 def test_unpaired_aesrl_compares_with_the_newest_f_mu() -> None:
