@@ -155,8 +155,7 @@ class AesrlOptimizer(OwnsDistribution):
         if pair and not finite(fit.mirror_value):
             raise ValueError(f"the antithetic partner of {ind.job} has return {fit.mirror_value}")
         f_mu, f_mu_version, f_mu_len = self.f_mu, self.f_mu_version, self.f_mu_len
-        if finite(ref.value) and ref.version >= f_mu_version:
-            # a pair's estimate is the mean of its two episodes, and so is the length behind it
+        if finite(ref.value) and ref.version >= f_mu_version:  # a pair's: its episodes' mean return, length
             f_mu, f_mu_version = ref.value, ref.version
             f_mu_len = 0.5 * (fit.length + fit.mirror_length) if pair else ref.length
         f_z, f_ref = self._judged(ind, fit, ref, f_mu, f_mu_len)
