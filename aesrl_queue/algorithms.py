@@ -34,9 +34,10 @@ CONTROLLER = frozenset({"rl_ratio", "rl_gain", "critic_lag"})
 SWITCHES: Mapping[str, Any] = MappingProxyType({"fitness_shift": 0, "critic_shift": False, "es_antithetic": False,
                                                 "pair_shift": False})
 
-# RunConfig declares aesrl's values. These are the paper's, which every other algorithm runs: the
-# official code's RL job length and no fitness shift (docs/decisions.md says why aesrl departs).
-PAPER = MappingProxyType({"rl_steps_max": 10_000, "fitness_shift": 0.0, "critic_shift": False})
+# RunConfig declares aesrl's values. These are the paper's, which every other algorithm runs: TD3, the
+# official code's RL job length, no fitness shift, single ES individuals and ρ* 0.5.
+PAPER = MappingProxyType({"rl_steps_max": 10_000, "fitness_shift": 0.0, "critic_shift": False, "learner": "td3",
+                          "es_antithetic": False, "rl_ratio": 0.5})
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,9 @@ _AESRL_OPTIMIZER = "aesrl_queue.optimizers.aesrl:AesrlOptimizer"
 _CEM_OPTIMIZER = "aesrl_queue.optimizers.cem:CemOptimizer"
 
 register("aesrl", executor="queue", optimizer=_AESRL_OPTIMIZER, options={"distribution": "aesrl"},
-         fields=AESRL_RULES | CONTROLLER | CRITIC_DAEMON | {"critic_shift"}, learner=True, tells="result",
+         fields=AESRL_RULES | CONTROLLER | CRITIC_DAEMON | {"critic_shift", "expl_noise"}, learner=True, tells="result",
          # aesrl's defaults are RunConfig's declarations; docs/decisions.md has the evidence of each
-         summary="AES-RL: the paper's asynchronous ES + TD3, with this project's departures")
+         summary="AES-RL: the paper's asynchronous ES + RL, with crossq-sac and this project's departures")
 register("es", executor="queue", optimizer=_AESRL_OPTIMIZER, options={"distribution": "aesrl"},
          fields=AESRL_RULES, learner=False, tells="result", rl_share=0.0,
          # a fixed σ of 0.1, the fixed-linear rule, antithetic pairs told as offsets, a quarter step:
@@ -120,11 +121,14 @@ register("es", executor="queue", optimizer=_AESRL_OPTIMIZER, options={"distribut
          defaults={"var_init": 1e-2, "var_floor": 1e-2, "mean_rule": "fixed-linear", "es_antithetic": True,
                    "positive_ratio": 0.25, "pair_shift": True},
          summary="the AES-RL distribution without RL individuals")
+# opo and acemrl's RL jobs train against the critic, which trails the replay by at most 5 000 steps (aesrl's
+# 1 000 counts from the end of the random phase, where its daemon trains an actor of its own)
+LAG_5000 = {"critic_lag": 5000}
 register("opo", executor="queue", optimizer=_AESRL_OPTIMIZER, options={"distribution": "opo"},
-         fields=CONTROLLER | CRITIC_DAEMON | {"var_floor"}, learner=True, tells="result",
+         fields=CONTROLLER | CRITIC_DAEMON | {"var_floor"}, learner=True, tells="result", defaults=LAG_5000,
          summary="(1+1)-ES with the 1/5 success rule, with RL individuals")
 register("acemrl", executor="queue", optimizer=_AESRL_OPTIMIZER, options={"distribution": "acem"},
-         fields=CONTROLLER | CRITIC_DAEMON, learner=True, tells="result",
+         fields=CONTROLLER | CRITIC_DAEMON, learner=True, tells="result", defaults=LAG_5000,
          summary="asynchronous CEM-RL: a window of single individuals")
 # The CEM-RL baselines and td3 take their official code's configs (KyunghyunLee/aes-rl).
 register("cemrl", executor="queue", optimizer=_CEM_OPTIMIZER, options={"serial": True},

@@ -30,8 +30,10 @@ LEARNER_DEFAULTS: dict[str, dict[str, Any]] = {
     "td3": {},
     # CrossQ's published critic: 2048-2048 ReLU at lr 1e-3 (its actor lr too)
     "crossq": {"critic_hidden": (2048, 2048), "critic_activation": "relu", "critic_lr": 1e-3, "actor_lr": 1e-3},
-    # the same critic; SAC's squashed Gaussian actor, 256-256 ReLU as CrossQ's
-    "crossq-sac": {"critic_hidden": (2048, 2048), "critic_activation": "relu", "critic_lr": 1e-3, "actor_lr": 1e-3,
+    # CrossQ's critic at 256-256 with SAC's squashed Gaussian actor (256-256 ReLU, as CrossQ's): at that size
+    # it scores in the published range at 100k steps alone (development seeds 1-3, docs/performance.md §8)
+    # and trains ~19× as fast per CPU core as at 2048-2048 (bench/results/learners-micro-cpu.json)
+    "crossq-sac": {"critic_hidden": (256, 256), "critic_activation": "relu", "critic_lr": 1e-3, "actor_lr": 1e-3,
                    "hidden": (256, 256), "activation": "relu"},
 }
 LEARNERS = tuple(LEARNER_DEFAULTS)
@@ -89,13 +91,13 @@ class RunConfig:
     fitness_shift: float | str = _setting(
         "alive", "aesrl, es: amount per step subtracted from the returns the rule compares: 'alive' (the "
              "environment's survival bonus), a number, or 0 (the paper)", departure=True)
-    critic_shift: bool = _setting(True, "aesrl: the critic learns the rewards less that same amount per step",
-                                  departure=True)
+    critic_shift: bool = _setting(False, "aesrl with RL jobs that train (rl_steps_max > 0): the critic learns the "
+                                         "rewards less that same amount per step")
     fixed_n: float = _setting(10.0, "fixed variance rule: n")
     var_init: float = _setting(1e-3, "initial variance (not a standard deviation)")
     var_floor: float = _setting(1e-5, "lowest variance")
     # ES/RL mix (P controller)
-    rl_ratio: float = _setting(0.5, "target share ρ* of RL individuals")
+    rl_ratio: float = _setting(0.9, "target share ρ* of RL individuals (the paper: 0.5)", departure=True)
     rl_gain: float = _setting(50.0, "gain K_rl of the P controller")
     initial_steps: int = _setting(10_000, "stored steps of random actions before learning starts (the first RL "
                                           "job; td3's first update)")
@@ -105,7 +107,8 @@ class RunConfig:
     critic_hidden: tuple[int, ...] = _setting((400, 300), "critic hidden layer sizes")
     critic_activation: str = _setting("leaky_relu", f"critic activation: {', '.join(ACTIVATIONS)}")
     # the off-policy learner (critic daemon, RL jobs, td3) and RL jobs
-    learner: str = _setting("td3", "off-policy learner of the critic and the RL jobs: td3 (the paper's), crossq, crossq-sac")
+    learner: str = _setting("crossq-sac", "off-policy learner of the critic and the RL jobs: crossq-sac, crossq, "
+                                          "td3 (the paper's)", departure=True)
     actor_lr: float = _setting(1e-3, "actor learning rate")
     critic_lr: float = _setting(1e-3, "critic learning rate")
     batch_size: int = _setting(256, "TD3 batch size")
@@ -113,21 +116,24 @@ class RunConfig:
     tau: float = _setting(0.005, "target network update rate")
     policy_noise: float = _setting(0.2, "TD3 target policy smoothing noise")
     noise_clip: float = _setting(0.5, "TD3 target policy noise clip")
-    rl_steps_max: int = _setting(2000, "most actor steps of one RL job (the paper: the sum of the last 10 "
-                                       "episode lengths; aesrl's default caps it at 2000)", departure=True)
+    rl_steps_max: int = _setting(0, "0: the critic daemon trains an actor of its own and an RL job plays it "
+                                    "and returns it as its individual; n > 0: an RL job trains a sample of "
+                                    "N(μ, σ²) for at most n actor steps (the paper: the sum of the last 10 "
+                                    "episode lengths)", departure=True)
     critic_chunk: int = _setting(1000, "critic steps between publications")
-    # the scheduler holds new jobs after the random phase while the critic trails the replay by more than
-    # this, and within it dispatches no more jobs than the room left holds, so that RL jobs train against
-    # a critic that has seen the data; the published code (0) relies on a GPU critic keeping up
-    critic_lag: int = _setting(5000, "most stored steps the critic may trail the replay by (0: never wait)",
-                               departure=True)
+    # the scheduler holds new jobs after the random phase while the critic trails its schedule (critic_due)
+    # by more than this, and within it dispatches no more jobs than the room left holds, so that RL jobs play
+    # (or train against) a learner that has seen the data; the published code (0) relies on a GPU critic
+    # keeping up
+    critic_lag: int = _setting(1000, "most steps the critic may trail its schedule by, a step per stored step "
+                                     "(0: never wait)", departure=True)
     replay_capacity: int = _setting(200_000, "transitions the replay keeps")
     # paired: the first f(μ) episode starts from the individual's start state, so f(z) − f(μ) measures
     # the change of policy, not the luck of the start (the paper: 5 episodes, unpaired)
     mean_eval_episodes: int = _setting(1, "episodes of μ each job runs for the f(μ) it reports", departure=True)
     mean_eval_paired: bool = _setting(True, "f(μ) from the individual's own start state", departure=True)
-    es_antithetic: bool = _setting(False, "aesrl, es: an ES job evaluates z and its mirror μ − σ·ε and takes "
-                                          "their mean as f(μ)", departure=True)
+    es_antithetic: bool = _setting(True, "aesrl, es: an ES job evaluates z and its mirror μ − σ·ε and takes "
+                                         "their mean as f(μ)", departure=True)
     pair_shift: bool = _setting(False, "aesrl, es: an ES individual drawn from an older μ moves the current μ "
                                        "by its offset from the μ it was drawn from", departure=True)
     # synchronous baselines
@@ -164,8 +170,11 @@ class RunConfig:
         # The algorithm's own settings win over the environment preset; options win over both.
         algo = overrides.get("algo") or cls.algo  # the class default when --algo is not given
         values.update(REGISTRY[algo].defaults if algo in REGISTRY else {})
-        # a learner's own settings (crossq's wide critic) win over the algorithm's
-        values.update(LEARNER_DEFAULTS.get(overrides.get("learner") or values.get("learner") or cls.learner, {}))
+        # a learner's own settings (crossq's wide critic) win over the algorithm's, not over the network sizes
+        # an environment's preset sets (the simulation environments' 8-8 actors, Pendulum's 64-64)
+        preset = preset_for(env_id)
+        learner = LEARNER_DEFAULTS.get(overrides.get("learner") or values.get("learner") or cls.learner, {})
+        values.update({k: v for k, v in learner.items() if k not in preset})
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls._from_values(values)
 
@@ -252,14 +261,18 @@ class RunConfig:
             need(bool(RUN_ID_RE.match(self.run_id)), "run_id", "use 1-64 letters, digits, '_' or '-'")
             need(self.run_id not in RESERVED_RUN_IDS, "run_id",
                  f"{self.run_id!r} is reserved (its keys would mix with aesrl:{self.run_id}*)")
-        for name in ("total_steps", "batch_size", "rl_steps_max", "critic_chunk",
+        for name in ("total_steps", "batch_size", "critic_chunk",
                      "replay_capacity", "mean_eval_episodes", "population", "td3_eval_every", "job_timeout",
                      "failure_ttl", "history_max"):
             val = getattr(self, name)
             need(integer(val) and val > 0, name, f"must be a positive integer, got {val!r}")
-        for name in ("initial_steps", "queued_per_worker", "seed", "result_ttl", "critic_lag"):
+        for name in ("initial_steps", "queued_per_worker", "seed", "result_ttl", "critic_lag", "rl_steps_max"):
             val = getattr(self, name)
             need(integer(val) and val >= 0, name, f"must be a non-negative integer, got {val!r}")
+        entry = REGISTRY.get(self.algo)
+        need(self.rl_steps_max != 0 or entry is None or (entry.tells == "result" and entry.learner), "rl_steps_max",
+             "0 (the critic daemon's own actor) needs an asynchronous algorithm with a critic: "
+             f"{', '.join(n for n, a in REGISTRY.items() if a.tells == 'result' and a.learner)}")
         for name in ("var_init", "var_floor", "actor_lr", "critic_lr", "fixed_n"):
             val = getattr(self, name)
             need(real(val) and val > 0, name, f"must be a positive number, got {val!r}")
@@ -387,10 +400,18 @@ class RunConfig:
         return self.r if isinstance(self.r, str) else float(self.r)
 
 
+def critic_due(cfg: RunConfig, steps: int) -> int:
+    """The critic steps due once `steps` are stored: one per stored step, counted from the end of the
+    random phase where the critic daemon trains an actor of its own (rl_steps_max 0), as the learner
+    alone trains, and from the first step otherwise."""
+    return max(0, steps - cfg.initial_steps) if cfg.rl_steps_max == 0 else steps
+
+
 def critic_too_far_behind(cfg: RunConfig, steps: int, critic_steps: int) -> bool:
-    """Whether the critic trails the replay by more than `critic_lag` after the random phase, the
-    condition under which the scheduler holds new jobs (and `run`'s progress line says so)."""
-    return bool(cfg.critic_lag) and steps >= cfg.initial_steps and steps - critic_steps > cfg.critic_lag
+    """Whether the critic trails its schedule (`critic_due`) by more than `critic_lag` after the random
+    phase, the condition under which the scheduler holds new jobs (and `run`'s progress line says so)."""
+    return bool(cfg.critic_lag) and steps >= cfg.initial_steps and \
+        critic_due(cfg, steps) - critic_steps > cfg.critic_lag
 
 
 def parse_sizes(name: str, text: str) -> tuple[int, ...]:

@@ -100,12 +100,12 @@ class Phase:
         if trains_critic(cfg) and st.get("critic_version", 0):
             self.critic_wait_since = None
             from aesrl_queue.algorithms import algorithm
-            from aesrl_queue.config import critic_too_far_behind
+            from aesrl_queue.config import critic_due, critic_too_far_behind
 
             critic_steps = int(st.get("critic_steps") or 0)
             # Only the asynchronous loops hold jobs for it; the synchronous ones ask for critic steps.
             if algorithm(cfg.algo).tells == "result" and critic_too_far_behind(cfg, steps, critic_steps):
-                return f"critic {steps - critic_steps:,} steps behind"
+                return f"critic {critic_due(cfg, steps) - critic_steps:,} steps behind"
             if rl_jobs and idle >= IDLE_AFTER:
                 return f"training RL individuals ({rl_jobs})"
             return ""

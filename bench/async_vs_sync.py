@@ -72,6 +72,8 @@ def make_cfg(algo: str, sigma: float, mean_s: float, evals: int, seed: int) -> R
         hidden=(8, 8), critic_hidden=(16, 16), mean_eval_episodes=1,
         env_kwargs={"episode_len": EPISODE_LEN, "mean_s": mean_s, "sigma": sigma, "seed": seed},
         run_id=f"avs-{algo}-{uuid.uuid4().hex[:6]}",
+        # aesrl's jobs as this table has always measured them: an episode of the individual and one of μ
+        **({"es_antithetic": False, "rl_steps_max": 2000} if algo == "aesrl" else {}),
     ).resolve()
 
 

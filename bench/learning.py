@@ -43,7 +43,11 @@ import numpy as np  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PINS = {"mujoco": "4.0.0", "gymnasium": "1.4.0"}  # the `bench` extra of setup.cfg pins the same
-# aesrl-paper: `--algo aesrl` with the paper's fitness comparison and RL jobs (docs/decisions.md); it keeps
+# aesrl as the first protocol ran it (its default then): TD3, RL jobs of at most 2 000 actor steps, the
+# critic on shifted rewards, single ES individuals with a paired μ episode each, ρ* 0.5, critic_lag 5 000.
+AESRL_V1 = {"algo": "aesrl", "learner": "td3", "rl_steps_max": 2000, "critic_shift": True, "es_antithetic": False,
+            "rl_ratio": 0.5, "critic_lag": 5000}
+# aesrl-paper: that with the paper's fitness comparison and RL jobs (docs/decisions.md); it keeps
 # critic_lag (on 2 cores the critic falls behind without it: aesrl-no-lag) and one paired f(μ) episode.
 PAPER_AESRL = {"r": "paper", "fitness_shift": 0.0, "critic_shift": False, "rl_steps_max": 10_000}
 PROTOCOL: dict[str, Any] = {
@@ -51,7 +55,7 @@ PROTOCOL: dict[str, Any] = {
     "held_out": ["Walker2d-v5"],  # no default is chosen or changed by looking at it
     "seeds": {"aesrl": [101, 102, 103, 104, 105], "td3": [101, 102, 103, 104, 105],
               "aesrl-paper": [101, 102, 103], "cemrl": [101, 102, 103], "sb3-td3": [101, 102, 103]},
-    "algos": {"aesrl": {"algo": "aesrl"}, "td3": {"algo": "td3"}, "aesrl-paper": {"algo": "aesrl", **PAPER_AESRL},
+    "algos": {"aesrl": AESRL_V1, "td3": {"algo": "td3"}, "aesrl-paper": {**AESRL_V1, **PAPER_AESRL},
               "cemrl": {"algo": "cemrl"}, "sb3-td3": {"algo": "sb3-td3"}},
     "budget_steps": 100_000,
     # the same for every algorithm: 256-256 networks (our TD3's and the official CEM-RL TD3 config's
@@ -68,16 +72,17 @@ PROTOCOL: dict[str, Any] = {
                   "bootstrap CIs stratified by algorithm (5 000 resamples), and "
                   "P(aesrl > X) with its CI; ahead/behind only where the CI excludes 0.5",
 }
-# Ablations: each returns one adopted departure of the default to the paper; --cells only, never reported.
-ABLATIONS = {"aesrl-no-shift": {"algo": "aesrl", "fitness_shift": 0.0, "critic_shift": False},
-             "aesrl-rl10k": {"algo": "aesrl", "rl_steps_max": 10_000},
-             "aesrl-no-lag": {"algo": "aesrl", "critic_lag": 0}}
+# Ablations: each returns one departure of the first protocol's aesrl to the paper; --cells only, never reported.
+ABLATIONS = {"aesrl-no-shift": {**AESRL_V1, "fitness_shift": 0.0, "critic_shift": False},
+             "aesrl-rl10k": {**AESRL_V1, "rl_steps_max": 10_000},
+             "aesrl-no-lag": {**AESRL_V1, "critic_lag": 0}}
 COMPARED = ("td3", "cemrl", "aesrl-paper", "sb3-td3")  # P(aesrl > X)
-# The second protocol: AES-RL whose μ episodes are data, with a current learner (LEARNER_V2); `td3` is
-# the paper's learner; every critic is 256-256 as in the first protocol; Ant-v5 is held out. The cells' BLAS variables are unset, so a
-# cell picks the kernel of its CPU kind whatever the machine's own settings (a rerun on that kind
-# reproduces it). Declared only after the development cells chose the default learner.
-LEARNER_V2 = "crossq-sac"  # CrossQ as published; the protocol is declared once it lands on seeds 1-3
+# The second protocol: the default aesrl, whose every interaction is an individual's stored episode and whose
+# RL individuals are its learner's own actor (LEARNER_V2, the default learner); `td3` is the paper's learner;
+# every critic is 256-256 as in the first protocol; Ant-v5 is held out. The cells' BLAS variables are unset,
+# so a cell picks the kernel of its CPU kind whatever the machine's own settings (a rerun on that kind
+# reproduces it). Declared only after the development cells chose the default.
+LEARNER_V2 = "crossq-sac"  # CrossQ's critic at 256-256 with SAC's policy: in the published range alone on seeds 1-3
 PROTOCOL_V2: dict[str, Any] = {
     "envs": ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5"],
     "held_out": ["Ant-v5"],
@@ -88,16 +93,18 @@ PROTOCOL_V2: dict[str, Any] = {
               "cemrl": {"algo": "cemrl", "learner": LEARNER_V2}},
     "compared": [LEARNER_V2, "td3", "cemrl"],
     # development cells only (--cells, seeds 1-3): the other ES + RL algorithms with the learner
-    "development_algos": {"pcemrl": {"algo": "pcemrl", "learner": LEARNER_V2},
+    # aesrl-v1 and its variations: the first protocol's aesrl with the learner (its rows before the default changed)
+    "development_algos": {"aesrl-v1": {**AESRL_V1, "learner": LEARNER_V2},
+                          "pcemrl": {"algo": "pcemrl", "learner": LEARNER_V2},
                           "acemrl": {"algo": "acemrl", "learner": LEARNER_V2},
                           # aesrl's departures on the shifted rewards, with the learner: the critic on the
                           # environment's rewards; neither the rule nor the critic shifted (the paper)
-                          "aesrl-no-critic-shift": {"algo": "aesrl", "learner": LEARNER_V2, "critic_shift": False},
-                          "aesrl-no-shift": {"algo": "aesrl", "learner": LEARNER_V2, "fitness_shift": 0.0,
+                          "aesrl-no-critic-shift": {**AESRL_V1, "learner": LEARNER_V2, "critic_shift": False},
+                          "aesrl-no-shift": {**AESRL_V1, "learner": LEARNER_V2, "fitness_shift": 0.0,
                                              "critic_shift": False},
                           # RL jobs of at most 250 actor steps: offline, an RL job's actor climbed from μ
                           # for ~250 steps and fell after (bench/results/rl-job-steps-aesrl-crossq-sac-s1.json)
-                          "aesrl-rl250": {"algo": "aesrl", "learner": LEARNER_V2, "rl_steps_max": 250},
+                          "aesrl-rl250": {**AESRL_V1, "learner": LEARNER_V2, "rl_steps_max": 250},
                           # CEM-RL with the paper's learner at protocol v2's sizes: whether the learner is
                           # what holds the ES + RL algorithms back with crossq-sac
                           "cemrl-td3": {"algo": "cemrl", "learner": "td3"}},

@@ -330,6 +330,9 @@ class Point:
             "env_id": "AesrlSleep-v0", "algo": "aesrl", "rl_ratio": self.rl_share, "hidden": list(HIDDEN), "r": 1.0,
             "env_kwargs": {"episode_len": args.episode_len, "mean_s": args.episode_s}, "total_steps": 10**12,
             "mean_eval_episodes": 1, "initial_steps": 0,
+            # the job shape its hosts simulate: aesrl's first defaults (single ES individuals with f(μ) in
+            # the result, RL jobs that train a sample against the published critic)
+            "es_antithetic": False, "rl_steps_max": 2000, "learner": "td3", "critic_lag": 5000,
         }))
         if self.rl_share > 0:  # a stand-in for the critic daemon: new weights every critic_every seconds
             threading.Thread(target=self._publish_critic, args=(primary.url, run_id, fan.url if fan else None),

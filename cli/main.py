@@ -132,15 +132,16 @@ def config_options(f):
                           "'alive' (the env's survival bonus: 1 on Hopper, 0 on HalfCheetah), a number, or 0 "
                           "(the paper). The reported f(μ) stays the env's return."),
         click.option("--fixed-n", type=float, default=None, help="n of the fixed variance rule (default 10)."),
-        click.option("--rl-ratio", type=float, default=None, help="Target share of RL individuals ρ* (default 0.5)."),
+        click.option("--rl-ratio", type=float, default=None, help="Target share of RL individuals ρ* (aesrl 0.9; opo, acemrl 0.5, the paper's)."),
         click.option("--rl-gain", type=float, default=None, help="Gain K of the P controller (default 50)."),
         click.option("--initial-steps", type=int, default=None, help=f"Random-action steps before the first RL job ({_preset_default('initial_steps', '{:,}'.format)})."),
         click.option("--hidden", default=None, help=f"Actor hidden sizes, e.g. 400,300 ({_preset_default('hidden', _sizes)})."),
         click.option("--critic-hidden", default=None, help="Critic hidden sizes, e.g. 400,300."),
         click.option("--learner", type=click.Choice(LEARNERS), default=None,
-                     help="Off-policy learner of the critic daemon, the RL jobs and td3: td3 (default, the "
-                          "paper's), crossq (batch-renormalised 2048-2048 critics, no target networks) or "
-                          "crossq-sac (that critic with SAC's squashed Gaussian policy around the actor)."),
+                     help="Off-policy learner of the critic daemon, the RL jobs and td3: crossq-sac (aesrl's "
+                          "default: CrossQ's batch-renormalised critic, 256-256, with SAC's squashed Gaussian "
+                          "policy around the actor), crossq (2048-2048 critics, TD3's actor) or td3 (the "
+                          "paper's, the other algorithms' default)."),
         click.option("--parallel-critic/--serial-critic", "parallel_critic", default=None,
                      help="pcemrl: train the critic in the critic daemon while jobs run (default: serial, "
                           "between generations)."),

@@ -8,8 +8,9 @@ which scheduler/problems.py puts on the run's problem line). One gate per way of
 
 - `ResultGate` (an optimizer that tells every result: aesrl, es, opo, acemrl): past the random
   phase, no jobs for up to critic_wait while no critic has published, then ES alone until one does;
-  with a critic, no jobs while it trails the replay by more than critic_lag (unless it stopped
-  training for critic_wait), and no burst of jobs that would overshoot the lag together.
+  with a critic, no jobs while it trails its schedule (`config.critic_due`: a step per stored step) by
+  more than critic_lag (unless it stopped training for critic_wait), and no burst of jobs that would
+  overshoot the lag together.
 - `GenerationGate` (a generation at a time: cemrl, pcemrl): a generation's RL members wait for the
   critic steps their optimizer requested (critic_on_request), or for a published critic; after
   critic_wait without one they run as ES members, untrained.
@@ -21,7 +22,7 @@ import logging
 import math
 
 from aesrl_queue.algorithms import algorithm
-from aesrl_queue.config import RunConfig, critic_too_far_behind
+from aesrl_queue.config import RunConfig, critic_due, critic_too_far_behind
 from aesrl_queue.optimizers import JobSpec, uses_rl
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class ResultGate:
         self._lag_holding = rl_ready and self._behind(steps, critic_steps, now)
         if self._lag_holding:
             return []
-        room = cfg.critic_lag - (steps - critic_steps)
+        room = cfg.critic_lag - (critic_due(cfg, steps) - critic_steps)
         if rl_ready and cfg.critic_lag and steps >= cfg.initial_steps and room >= 0:
             # within critic_lag: one job, or as many as the room left holds, so that the gate does not
             # open to a burst of jobs (2 per worker) drawn from one μ that overshoot the lag together (a
@@ -106,7 +107,7 @@ class ResultGate:
         return self.opt.ask(n, steps, inflight, rl=rl_ready)
 
     def _behind(self, steps: int, critic_steps: int, now: float) -> bool:
-        """Whether to hold new jobs because the critic trails the stored steps by more than `critic_lag`.
+        """Whether to hold new jobs because the critic trails its schedule by more than `critic_lag`.
 
         Only after the random phase, and only while the critic moves: a critic that has not trained
         a step for `critic_wait` seconds (a daemon stopped or lost) no longer holds the run."""
@@ -117,7 +118,7 @@ class ResultGate:
         if self._lag_wait is None or critic_steps > self._lag_wait[1]:
             if self._lag_wait is None:
                 log.debug("run %s: critic %d steps behind the replay; holding new jobs", cfg.run_id,
-                          steps - critic_steps)
+                          critic_due(cfg, steps) - critic_steps)
             self._lag_wait = (now, critic_steps)
             return True
         if now - self._lag_wait[0] < cfg.critic_wait:
@@ -126,7 +127,7 @@ class ResultGate:
         if now - self._warned > 60:
             self._warned = now
             log.warning("run %s: the critic has trained no step for %.0fs and trails the replay by %d steps; "
-                        "dispatching meanwhile", cfg.run_id, now - self._lag_wait[0], steps - critic_steps)
+                        "dispatching meanwhile", cfg.run_id, now - self._lag_wait[0], critic_due(cfg, steps) - critic_steps)
         return False
 
 

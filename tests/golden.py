@@ -38,6 +38,10 @@ QUEUE_ALGOS = ("aesrl", "es", "opo", "acemrl", "cemrl", "pcemrl")
 ENV = "Pendulum-v1"
 HOPPER = "Hopper-v5"
 SMALL = {"hidden": (8, 8), "critic_hidden": (16, 16), "batch_size": 32, "seed": 5}
+# aesrl's first defaults (TD3, RL jobs that train a sample, single ES individuals with a μ episode): the
+# worker traces recorded with them keep recording the job function's paths for those settings
+FIRST = {"learner": "td3", "rl_steps_max": 2000, "es_antithetic": False, "critic_shift": True, "rl_ratio": 0.5,
+         "critic_lag": 5000}
 
 
 def digest(arr: np.ndarray) -> str:
@@ -143,21 +147,29 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
     import torch
 
     import workers.jobs
+    from aesrl_queue.learners import Agent
     from aesrl_queue.nets import NetSpec, get_flat
     from aesrl_queue.store import Store
     from workers.jobs import evaluate
 
     out = {}
-    for name, algo, kind, random_actions in (("random", "aesrl", "es", True), ("es", "aesrl", "es", False),
-                                             ("es-antithetic", "es", "es", False), ("rl", "aesrl", "rl", False)):
-        cfg = config(algo, run_id=f"golden-w-{name}")
+    for name, algo, kind, random_actions, settings in (
+            ("random", "aesrl", "es", True, FIRST), ("es", "aesrl", "es", False, FIRST),
+            ("es-antithetic", "es", "es", False, {}), ("rl", "aesrl", "rl", False, FIRST),
+            # aesrl's defaults: the critic daemon's own crossq-sac actor, played as its policy draws
+            ("rl-actor", "aesrl", "rl", False, {})):
+        cfg = config(algo, run_id=f"golden-w-{name}", **settings)
         store = Store(client, cfg.run_id)
         store.write_config(cfg)
         mu = np.linspace(-0.4, 0.4, cfg.actor_dim, dtype=np.float32)
         var = np.full(cfg.actor_dim, 1e-2, dtype=np.float32)
         store.publish_dist(0, mu, var)
         store.set_state(version=0)
-        if kind == "rl":
+        if kind == "rl" and cfg.rl_steps_max == 0:
+            torch.manual_seed(2)
+            agent = Agent(NetSpec.from_config(cfg), cfg.learner)
+            store.publish_critic(1, {**agent.learner.weights(), "actor": get_flat(agent.actor)})
+        elif kind == "rl":
             torch.manual_seed(2)
             critic = NetSpec.from_config(cfg).make_critic("cpu")
             store.publish_critic(1, {"critic": get_flat(critic)})
@@ -177,7 +189,8 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
         # test_golden checks apart that such a run stores none.
         with mock.patch("workers.jobs.needs_critic_daemon", return_value=True):
             workers.jobs._CONTEXTS.clear()
-            evaluate(cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if kind == "rl" else 0,
+            trains = kind == "rl" and cfg.rl_steps_max > 0
+            evaluate(cfg.run_id, job, kind, 0, 1234, cfg.spec_hash, rl_steps=25 if trains else 0,
                      random_actions=random_actions, client=client)
         workers.jobs._CONTEXTS.clear()
         (_, res), = client.xrange(store.key("results"))
@@ -196,7 +209,7 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
         if "mirror_fitness" in res:
             rec.update(mirror_fitness=num(float(res["mirror_fitness"])), mirror_len=int(res["mirror_len"]))
         rec.update(episodes=len(entries), transitions=h.hexdigest()[:20])
-        if kind == "rl":  # the actor torch trained
+        if kind == "rl":  # the actor torch trained (or the daemon's, as published)
             rec["individual"] = fingerprint(store.get_individual(res["ind"]))
         if not random_actions:  # the episode a network played: its actions went through a BLAS kernel
             rec["transitions"] = _played(store, own)
@@ -226,8 +239,11 @@ def _rerecord(old: dict[str, Any], new: dict[str, Any], parts: list[list[str]]) 
     for section, name in parts:
         if name not in new[section]:
             raise SystemExit(f"no trace {section}/{name}; there are {sorted(new[section])}")
-        was = old[section].get(name, {})
-        old[section][name] = {k: was[k] if k in was and close(v, was[k]) else v for k, v in new[section][name].items()}
+        was, now = old[section].get(name, {}), new[section][name]
+        if not isinstance(now, dict):  # an optimizer's trace: computed exactly, taken as it is
+            old[section][name] = now
+            continue
+        old[section][name] = {k: was[k] if k in was and close(v, was[k]) else v for k, v in now.items()}
     return old
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aesrl_queue.algorithms import ALGOS, PAPER, REGISTRY, algorithm, applies_to, register
-from aesrl_queue.config import ConfigError, RunConfig, field_docs
+from aesrl_queue.config import LEARNER_DEFAULTS, ConfigError, RunConfig, field_docs
 from aesrl_queue.optimizers import make_optimizer, needs_critic_daemon, needs_workers, rl_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,14 +28,18 @@ def test_every_setting_applies_to_some_algorithm_and_every_listed_field_is_a_set
 
 def test_what_runconfig_declares_is_what_aesrl_runs() -> None:
     declared = RunConfig()
-    # HalfCheetah's preset is empty: what --algo aesrl runs there is the declarations themselves
+    # HalfCheetah's preset is empty: what --algo aesrl runs there is the declarations themselves with its
+    # learner's own settings (crossq-sac's networks)
+    learner = LEARNER_DEFAULTS[declared.learner]
+    assert declared.learner == "crossq-sac" and learner["hidden"] == (256, 256)
     for env in ("HalfCheetah-v5", "Hopper-v5"):
         ran = RunConfig.from_preset(env, algo="aesrl")
-        assert dataclasses.replace(ran, env_id=declared.env_id) == declared
+        assert dataclasses.replace(ran, env_id=declared.env_id) == dataclasses.replace(declared, **learner)
     assert algorithm("aesrl").defaults == {}
     for name in set(REGISTRY) - {"aesrl"}:  # the others run the paper's values where aesrl departs
         cfg = RunConfig.from_preset("Hopper-v5", algo=name).validate()
-        assert {k: getattr(cfg, k) for k in PAPER} == dict(PAPER), name
+        own = {"es_antithetic": True} if name == "es" else {}  # ES alone's pairs (its own default)
+        assert {k: getattr(cfg, k) for k in PAPER} == {**PAPER, **own}, name
 
 
 def test_the_learner_and_executor_of_each_algorithm() -> None:
@@ -45,7 +49,7 @@ def test_the_learner_and_executor_of_each_algorithm() -> None:
     cfgs = {n: RunConfig.from_preset("Pendulum-v1", algo=n, hidden=(4,)).resolve() for n in ALGOS}
     assert [n for n in ALGOS if needs_workers(cfgs[n])] == list(ALGOS[:-1])
     assert [n for n in ALGOS if needs_critic_daemon(cfgs[n])] == ["aesrl", "opo", "acemrl", "cemrl", "pcemrl"]
-    assert [rl_target(cfgs[n]) for n in ALGOS[:-1]] == [0.5, 0.0, 0.5, 0.5, 0.5, 0.5]
+    assert [rl_target(cfgs[n]) for n in ALGOS[:-1]] == [0.9, 0.0, 0.5, 0.5, 0.5, 0.5]
     assert math.isnan(rl_target(cfgs["td3"]))
     for name in ALGOS[:-1]:
         opt = make_optimizer(cfgs[name], __import__("numpy").zeros(cfgs[name].actor_dim, dtype="float32"))

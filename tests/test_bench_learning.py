@@ -38,7 +38,11 @@ def test_the_protocol_is_the_issues():
     assert p["budget_steps"] == 100_000 and p["shared"]["hidden"] == p["shared"]["critic_hidden"] == [256, 256]
     assert p["shared"]["initial_steps"] == p["shared"]["td3_start_steps"] == 10_000
     assert p["eval_seeds"] == list(range(10_000, 10_010))
-    assert p["algos"]["aesrl-paper"] == {"algo": "aesrl", "r": "paper", "fitness_shift": 0.0, "critic_shift": False,
+    # aesrl as the first protocol ran it: its defaults then, which are no longer the defaults
+    first = {"algo": "aesrl", "learner": "td3", "rl_steps_max": 2000, "critic_shift": True, "es_antithetic": False,
+             "rl_ratio": 0.5, "critic_lag": 5000}
+    assert p["algos"]["aesrl"] == first
+    assert p["algos"]["aesrl-paper"] == {**first, "r": "paper", "fitness_shift": 0.0, "critic_shift": False,
                                          "rl_steps_max": 10_000}
     # at most three ablations, each one adopted departure of the default returned to the paper
     assert len(learning.ABLATIONS) <= 3 and all(a["algo"] == "aesrl" for a in learning.ABLATIONS.values())
@@ -55,6 +59,11 @@ def test_the_second_protocol_is_the_issues():
     assert not set(p["development_seeds"]) & {s for ss in p["seeds"].values() for s in ss}
     assert p["algos"]["td3"]["learner"] == "td3" and p["algos"][x] == {"algo": "td3", "learner": x}
     assert p["algos"]["aesrl"]["learner"] == p["algos"]["cemrl"]["learner"] == x
+    # the default aesrl: the learner's own actor, antithetic pairs, nine RL individuals in ten
+    from aesrl_queue.config import RunConfig
+
+    cfg = RunConfig.from_preset("Hopper-v5", **learning.cell_settings("aesrl", p))
+    assert (cfg.rl_steps_max, cfg.es_antithetic, cfg.rl_ratio, cfg.critic_lag, cfg.critic_shift) == (0, True, 0.9, 1000, False)
     assert p["shared"]["critic_hidden"] == [256, 256]  # the size a 2-core CPU trains in a cell's hours
     # pcemrl and acemrl with the learner: development cells, never in the report
     assert learning.cell_settings("pcemrl", p)["learner"] == learning.cell_settings("acemrl", p)["learner"] == x

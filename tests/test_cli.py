@@ -4,6 +4,7 @@ and nothing written to Redis when a config is refused."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,7 +150,8 @@ def test_config_show_round_trips_through_run_config(tmp_path, algo):
     assert again.run_id != ""  # a fresh id per run: the file leaves it empty
     # a file given to `config show` comes back with its settings (and its run id) applied
     edited = tmp_path / "e.toml"
-    edited.write_text(shown.stdout.replace("rl_ratio = 0.5", "rl_ratio = 0.3").replace('run_id = ""', 'run_id = "mine"'))
+    text = re.sub(r"(?m)^rl_ratio = .*$", "rl_ratio = 0.3", shown.stdout)
+    edited.write_text(text.replace('run_id = ""', 'run_id = "mine"'))
     shown2 = aq("config", "show", "--config", str(edited))
     assert shown2.returncode == 0, shown2.stderr
     assert "rl_ratio = 0.3" in shown2.stdout and 'run_id = "mine"' in shown2.stdout

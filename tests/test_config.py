@@ -41,11 +41,11 @@ def test_paper_presets(stem: str, version: str) -> None:
     assert cfg.env_id == env_id
     for name, value in expected.items():
         assert getattr(cfg, name) == value, (env_id, name)
-    # What the preset does not name keeps the paper's defaults.
+    # What the preset does not name keeps aesrl's defaults: its learner's networks, ρ* 0.9.
     if stem != "Humanoid":
-        assert cfg.hidden == (400, 300) and cfg.actor_lr == 1e-3
+        assert cfg.hidden == (256, 256) and cfg.actor_lr == 1e-3 and cfg.learner == "crossq-sac"
     if stem != "Swimmer":
-        assert cfg.rl_ratio == 0.5
+        assert cfg.rl_ratio == 0.9
     assert cfg.mean_rule == "baseline-relative" and cfg.var_rule == "adaptive" and cfg.var_init == 1e-3
     # The fitness scale adapts by default; the paper's number is one option away.
     assert cfg.r == "adaptive" and cfg.fitness_scale == "adaptive"
@@ -72,9 +72,9 @@ def test_unknown_env_gets_the_adaptive_scale_and_no_paper_r() -> None:
     assert err.value.field == "r"
 
 
-def test_aesrl_trains_2000_actor_steps_per_rl_job_and_the_paper_value_is_a_field_away(tmp_path) -> None:
-    assert RunConfig.from_preset("HalfCheetah-v5", algo="aesrl").rl_steps_max == 2000
-    assert RunConfig.from_preset("HalfCheetah-v5").rl_steps_max == 2000  # aesrl is the default algo
+def test_aesrl_rl_jobs_play_the_daemons_actor_and_the_paper_value_is_a_field_away(tmp_path) -> None:
+    assert RunConfig.from_preset("HalfCheetah-v5", algo="aesrl").rl_steps_max == 0
+    assert RunConfig.from_preset("HalfCheetah-v5").rl_steps_max == 0  # aesrl is the default algo
     # The baselines keep the published 10 000 (CEM-RL's actor steps per generation).
     for algo in ("cemrl", "pcemrl", "opo", "acemrl"):
         assert RunConfig.from_preset("HalfCheetah-v5", algo=algo).rl_steps_max == 10_000, algo
@@ -334,7 +334,7 @@ def test_spec_hash_follows_what_a_worker_must_agree_on(null_cfg: RunConfig) -> N
     h = null_cfg.spec_hash
     assert dataclasses.replace(null_cfg).spec_hash == h
     for changes in ({"hidden": (8, 9)}, {"env_id": "AesrlSleep-v0"}, {"critic_hidden": (16, 8)},
-                    {"activation": "relu"}, {"obs_dim": 4}, {"env_kwargs": {"episode_len": 3}}):
+                    {"activation": "leaky_relu" if null_cfg.activation != "leaky_relu" else "relu"}, {"obs_dim": 4}, {"env_kwargs": {"episode_len": 3}}):
         assert dataclasses.replace(null_cfg, **changes).spec_hash != h, changes
     for changes in ({"total_steps": 123}, {"seed": 5}, {"rl_ratio": 0.1}, {"run_id": "other"},
                     {"r": 7.0}, {"created_at": 1.0}):
@@ -421,6 +421,6 @@ def test_every_setting_has_a_help_line_and_the_departures_are_marked() -> None:
     assert len(docs) <= 50 and "obs_dim" not in names and "created_at" not in names
     assert all(isinstance(h, str) and h and "\n" not in h for _, _, h, _ in docs)
     departures = {name for name, _, _, departure in docs if departure}
-    assert {"r", "fitness_shift", "critic_lag", "es_antithetic"} <= departures
-    assert not departures & {"mean_rule", "var_rule", "rl_ratio", "initial_steps", "job_timeout"}
+    assert {"r", "fitness_shift", "critic_lag", "es_antithetic", "rl_ratio", "learner", "rl_steps_max"} <= departures
+    assert not departures & {"mean_rule", "var_rule", "initial_steps", "job_timeout"}
     assert dict((d[0], d[1]) for d in docs)["hidden"] == RunConfig().hidden

@@ -57,7 +57,10 @@ def test_a_host_following_the_fanout_gets_versions_and_critic_and_nothing_else(p
     started again mid-run; every result applied exactly once."""
     monkeypatch.setenv(host_replica.PASSWORD_ENV, HPW)
     p, f = connect(primary.url), connect(fanout.url)
-    cfg = sleep_config(tmp_path / "run.json", mean_s=0.1, total_steps=4000, initial_steps=300)
+    # RL jobs that train a sample (rl_steps_max > 0) sample the replay's observations, which the fan-out
+    # instance carries to the hosts; the daemon's own actor (the default) needs none
+    cfg = sleep_config(tmp_path / "run.json", mean_s=0.1, total_steps=4000, initial_steps=300, rl_steps_max=2000,
+                       learner="td3")
     procs.cli("workers", "worker", "--redis-url", primary.url, "--fanout-url", fanout.url, "--processes", "2")
     wait_for(lambda: len(live_workers(p)) == 2, 90, what="both workers", on_fail=procs.logs)
     found = re.search(r"host replica on redis://:\*\*\*@127\.0\.0\.1:(\d+)/0 \(replicaof redis://:\*\*\*@127\.0\.0\.1:"

@@ -37,9 +37,13 @@ EPISODE_LEN = 20
 RESULT_GAP_S = 0.5  # two workers with 1 s jobs: a result every half second
 
 CASES = {
-    # aesrl: 10 random ES results (initial_steps 200 at 20 steps each), then ES and RL jobs against a
-    # published critic; es: antithetic ES jobs with the es defaults.
+    # aesrl: 10 random ES results (initial_steps 200 at 20 steps each), then antithetic ES pairs and RL
+    # jobs against a published critic; aesrl-first: the same at aesrl's first defaults (single ES
+    # individuals, ρ* 0.5); es: antithetic ES jobs with the es defaults.
     "aesrl": {"algo": "aesrl", "initial_steps": 200, "total_steps": 1400},
+    "aesrl-first": {"algo": "aesrl", "initial_steps": 200, "total_steps": 1400, "learner": "td3",
+                    "rl_steps_max": 2000, "es_antithetic": False, "critic_shift": True, "rl_ratio": 0.5,
+                    "critic_lag": 5000},
     "es": {"algo": "es", "total_steps": 2400},
 }
 
@@ -72,7 +76,7 @@ def _trace(redis_url: str, case: str) -> list[dict]:
     announced = client.pubsub(ignore_subscribe_messages=True)  # what hosts' jobs wait on
     announced.subscribe(store.key("versions"))
     sched.setup()
-    if case == "aesrl":  # a critic that keeps up: RL jobs are asked once the random phase is over
+    if case.startswith("aesrl"):  # a critic that keeps up: RL jobs are asked once the random phase is over
         store.set_state(critic_version=1, critic_steps=10**9)
         sched.counts_read_at = -1e9
     rng = random.Random(7)
@@ -162,7 +166,7 @@ def test_two_workers_publish_the_recorded_versions(redis_url, case):
     assert trace[-1]["applied"] == len(trace), "every result is applied (none lost, none dropped as stale)"
     # every version published after the first is announced once, in order, after its commit
     assert ANNOUNCED[case] == sorted({row["version"] for row in trace} - {0}), ANNOUNCED[case]
-    if case == "aesrl":
+    if case.startswith("aesrl"):
         assert kinds == {"es", "rl"}, "the trace must cover RL results"
         # each RL individual is deleted by the commit that applies its result (0.5 MB per RL result
         # at HalfCheetah's size would otherwise sit on the primary and every host's replica for 600 s)

@@ -18,7 +18,8 @@ SEED = 1234
 def _inputs(algo: str, kind: str, **kw):
     from workers.jobs import JobInputs
 
-    cfg = golden.config(algo, run_id=f"golden-w-{kind}")
+    # the traces of aesrl's jobs that play μ or train an RL sample are recorded at its first defaults
+    cfg = golden.config(algo, run_id=f"golden-w-{kind}", **(golden.FIRST if algo == "aesrl" else {}))
     mu = np.linspace(-0.4, 0.4, cfg.actor_dim, dtype=np.float32)
     var = np.full(cfg.actor_dim, 1e-2, dtype=np.float32)
     return JobInputs(cfg, kind, SEED, 0, mu, var, **kw)
@@ -83,7 +84,7 @@ def _run_es_job(client, algo: str, **kw):
     from aesrl_queue.store import Store, decode_result
     from workers import jobs
 
-    cfg = golden.config(algo, run_id=f"jobs-{algo}-{len(kw)}", **kw)
+    cfg = golden.config(algo, run_id=f"jobs-{algo}-{int(10 * kw.get('rl_ratio', 1))}", **kw)
     store = Store(client, cfg.run_id)
     store.write_config(cfg)
     store.publish_dist(0, np.linspace(-0.4, 0.4, cfg.actor_dim, dtype=np.float32),
@@ -102,7 +103,7 @@ def _run_es_job(client, algo: str, **kw):
 def test_mus_episode_enters_the_replay_and_counts_as_stored_steps(client) -> None:
     """A run with a critic stores the f(μ) episode as an entry of its own after the individual's, and
     counts it in `steps`: every interaction of the job is a stored step."""
-    res, st, replay = _run_es_job(client, "aesrl")
+    res, st, replay = _run_es_job(client, "aesrl", **golden.FIRST)  # single ES individuals, a μ episode each
     assert [name for name, _ in replay] == [res.job, f"{res.job}:mu"]
     assert [len(ep["rew"]) for _, ep in replay] == [res.length, res.eval_steps] == [200, 200]
     assert close(float(replay[1][1]["rew"].astype(np.float64).sum()), res.f_mu)  # μ's own episode
@@ -112,6 +113,6 @@ def test_mus_episode_enters_the_replay_and_counts_as_stored_steps(client) -> Non
 def test_a_run_without_a_critic_counts_mus_episode_as_interactions_only(client) -> None:
     """aesrl with rl_ratio 0 keeps no replay (nothing would read it): nothing is stored, and μ's
     episode is an interaction, not a stored step, as before."""
-    res, st, replay = _run_es_job(client, "aesrl", rl_ratio=0.0)
+    res, st, replay = _run_es_job(client, "aesrl", **{**golden.FIRST, "rl_ratio": 0.0})
     assert replay == [] and res.eval_steps == 200
     assert (st["steps"], st["interactions"]) == (res.steps, res.interactions) == (200, 400)

@@ -151,17 +151,20 @@ def test_the_agent_publishes_its_learners_average_of_the_actor_and_resumes_it(na
 
 
 def test_the_learner_setting_is_validated_and_brings_its_defaults() -> None:
-    cfg = RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq")
-    assert cfg.critic_hidden == LEARNER_DEFAULTS["crossq"]["critic_hidden"]
-    assert RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq", critic_hidden=(64, 64)).critic_hidden == (64, 64)
+    cfg = RunConfig.from_preset("HalfCheetah-v5", algo="td3", learner="crossq")
+    assert cfg.critic_hidden == LEARNER_DEFAULTS["crossq"]["critic_hidden"] == (2048, 2048)
+    assert RunConfig.from_preset("HalfCheetah-v5", algo="td3", learner="crossq", critic_hidden=(64, 64)).critic_hidden == (64, 64)
+    # an environment preset's network sizes win over the learner's (Pendulum: actor 64-64, critic 256-256)
+    pend = RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq")
+    assert pend.critic_hidden == (256, 256) and pend.critic_lr == LEARNER_DEFAULTS["crossq"]["critic_lr"]
     with pytest.raises(ConfigError, match="learner"):
         RunConfig.from_preset("Pendulum-v1", algo="td3", learner="sac").validate()
     with pytest.raises(ConfigError, match="trains no critic"):
         RunConfig.from_preset("Pendulum-v1", algo="es", learner="crossq").validate()
-    sac = RunConfig.from_preset("Pendulum-v1", algo="td3", learner="crossq-sac").resolve()
-    assert sac.hidden == (256, 256) and sac.activation == "relu"
+    sac = RunConfig.from_preset("HalfCheetah-v5", algo="td3", learner="crossq-sac").resolve()
+    assert sac.hidden == (256, 256) and sac.activation == "relu" and sac.critic_hidden == (256, 256)
     # a td3 run keeps the spec hash it always had; another learner's critic is another spec
-    plain = RunConfig.from_preset("Pendulum-v1", algo="aesrl").resolve()
+    plain = RunConfig.from_preset("Pendulum-v1", algo="aesrl", learner="td3").resolve()
     other = RunConfig.from_preset("Pendulum-v1", algo="aesrl", learner="crossq",
                                   critic_hidden=plain.critic_hidden, critic_activation=plain.critic_activation,
                                   critic_lr=plain.critic_lr, actor_lr=plain.actor_lr).resolve()

@@ -120,7 +120,7 @@ def roundtrip(opt):
 
 # -- AES-RL and its asynchronous relatives ---------------------------------------------------------------
 def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_exists() -> None:
-    cfg = config("aesrl", initial_steps=100, batch_size=32)
+    cfg = config("aesrl", initial_steps=100, batch_size=32, rl_ratio=0.5, critic_lag=0)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     specs = ask(opt, 3, steps=0, inflight=0, critic_version=0, now=0.0)
     assert [s["n"] for s in specs] == [1, 2, 3]
@@ -138,7 +138,8 @@ def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_ex
 
 
 def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopped_critic() -> None:
-    cfg = config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000)
+    # RL jobs that train (rl_steps_max > 0): the critic's schedule is a step per stored step from the first
+    cfg = config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000, rl_steps_max=2000)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     # In the random phase the critic's progress never holds a job.
     assert len(ask(opt, 2, steps=90, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
@@ -164,6 +165,13 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     # critic_lag = 0 (the published code) never holds.
     free = AesrlOptimizer(config("aesrl", initial_steps=100, batch_size=32, critic_lag=0), mu0(cfg))
     assert len(ask(free, 2, steps=5000, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
+    # The daemon's own actor (rl_steps_max 0) trains from the end of the random phase, as the learner alone:
+    # at 1 000 stored its schedule is 900 steps, so a critic at 400 is 500 behind (held back to one job)
+    # and one at 399 is held.
+    own = AesrlOptimizer(config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000,
+                                rl_steps_max=0), mu0(cfg))
+    assert len(ask(own, 9, steps=1000, inflight=0, critic_version=1, critic_steps=400, now=0.0)) == 1
+    assert ask(own, 9, steps=1000, inflight=0, critic_version=1, critic_steps=399, now=1.0) == []
 
 
 def test_aesrl_names_a_missing_critic_within_critic_wait_and_clears_it_when_one_publishes() -> None:
@@ -346,7 +354,7 @@ def test_es_antithetic_is_the_es_default_and_only_for_aesrl_rules() -> None:
     assert RunConfig.from_preset("Pendulum-v1", algo="es").es_antithetic
     assert RunConfig.from_preset("Pendulum-v1", algo="es").positive_ratio == 0.25  # the paper's default is 1.0
     assert RunConfig.from_preset("Pendulum-v1", algo="aesrl").positive_ratio == 1.0
-    assert not RunConfig.from_preset("Pendulum-v1", algo="aesrl").es_antithetic
+    assert RunConfig.from_preset("Pendulum-v1", algo="aesrl").es_antithetic  # aesrl's default too
     assert not RunConfig.from_preset("Pendulum-v1", algo="es", es_antithetic=False).es_antithetic
     for algo in ("td3", "opo", "cemrl"):
         with pytest.raises(ConfigError, match="es_antithetic"):

@@ -259,7 +259,13 @@ def test_runs_of_real_processes_with_other_budgets_are_other_curves_and_every_pa
 
     short = run("es-3k", "--algo", "es", "--steps", "3000", "--workers", "1")
     long = run("es-6k", "--algo", "es", "--steps", "6000", "--workers", "1")
-    aesrl = run("aesrl", "--steps", "3200", "--initial-steps", "800", "--critic-hidden", "16,16", "--workers", "2")
+    # single ES individuals with a μ episode each (aesrl's first defaults): the first told gap is μ₀ against
+    # its own sample's, flat on Pendulum's start, and sets the scale's floor
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps({"es_antithetic": False, "rl_steps_max": 2000, "learner": "td3", "rl_ratio": 0.5,
+                                 "critic_lag": 5000}))
+    aesrl = run("aesrl", "--config", str(first), "--steps", "3200", "--initial-steps", "800", "--critic-hidden", "16,16",
+                "--workers", "2")
     out = plot_runs([short, long], tmp_path / "budgets.png")
     assert sorted(out["groups"].values()) == [["es-3k"], ["es-6k"]], out["groups"]
     assert all("total_steps=" in label for label in out["groups"]), out["groups"]

@@ -120,10 +120,10 @@ def test_an_exception_in_the_job_function_reaches_status_with_what_to_do(tmp_pat
 
 
 @pytest.mark.parametrize("algo, rl, es, critic, warned", [
-    ("aesrl", 0, 30, 0, "RL share 0.00 against a target of 0.50: no critic trained (start `aesrl-queue critic "
+    ("aesrl", 0, 30, 0, "RL share 0.00 against a target of 0.90: no critic trained (start `aesrl-queue critic "
                         "start --run sum --redis-url "),
-    ("aesrl", 3, 27, 4, "RL share 0.10 against a target of 0.50: RL jobs were held, none failed"),
-    ("aesrl", 14, 16, 4, None),  # near its target
+    ("aesrl", 3, 27, 4, "RL share 0.10 against a target of 0.90: RL jobs were held, none failed"),
+    ("aesrl", 26, 4, 4, None),  # near its target
     ("aesrl", 0, 19, 0, None),  # too few results to judge
     ("es", 0, 30, 0, None),  # no RL wanted
 ])

@@ -301,8 +301,9 @@ def test_critic_daemon_with_critic_shift_learns_the_rewards_less_the_shift(clien
 def test_critic_shift_applies_to_aesrl_only() -> None:
     from aesrl_queue.config import ConfigError, RunConfig
 
-    assert RunConfig.from_preset("Hopper-v5").validate().critic_shift is True  # aesrl's default
-    assert RunConfig.from_preset("Hopper-v5", critic_shift=False).validate().critic_shift is False
+    # aesrl's default: its learner's own actor learns the environment's rewards, as the learner alone does
+    assert RunConfig.from_preset("Hopper-v5").validate().critic_shift is False
+    assert RunConfig.from_preset("Hopper-v5", critic_shift=True).validate().critic_shift is True
     for algo in ("es", "cemrl", "td3"):
         assert RunConfig.from_preset("Hopper-v5", algo=algo).validate().critic_shift is False
         with pytest.raises(ConfigError, match="^critic_shift: applies to --algo aesrl, not"):

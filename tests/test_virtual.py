@@ -19,10 +19,12 @@ EPISODE_LEN = 20
 
 def _config(**kw) -> RunConfig:
     """aesrl on a cheap environment with tiny networks: a random phase, then ES and RL jobs against a
-    critic the virtual learner trains."""
+    critic the virtual learner trains. The jobs of aesrl's first defaults (TD3; single ES individuals with
+    a paired μ episode; RL jobs that train for actor steps), whose durations the cost model tells apart."""
     settings = dict(algo="aesrl", run_id="virtual-t", seed=4, hidden=(8, 8), critic_hidden=(16, 16),
                     env_kwargs={"episode_len": EPISODE_LEN}, total_steps=700, initial_steps=160, batch_size=32,
-                    critic_chunk=40, rl_steps_max=30, mean_eval_episodes=1)
+                    critic_chunk=40, rl_steps_max=30, mean_eval_episodes=1, learner="td3", es_antithetic=False,
+                    rl_ratio=0.5, critic_lag=5000)
     settings.update(kw)
     return RunConfig.from_preset("AesrlNull-v0", **settings).resolve()
 
@@ -48,7 +50,7 @@ def test_the_same_seed_and_cost_model_give_identical_metrics(first_run, tmp_path
 
     cfg = _config()  # again, through the Python API
     fields = ("run_id", "hidden", "critic_hidden", "env_kwargs", "initial_steps", "batch_size", "critic_chunk",
-              "rl_steps_max", "mean_eval_episodes")
+              "rl_steps_max", "mean_eval_episodes", "learner", "es_antithetic", "rl_ratio", "critic_lag")
     again = aesrl_queue.train("AesrlNull-v0", algo="aesrl", steps=cfg.total_steps, seed=cfg.seed, out=tmp_path,
                               virtual_workers=3, cost_model=CostModel().to_dict(),
                               **{name: getattr(cfg, name) for name in fields})
@@ -60,6 +62,39 @@ def test_the_same_seed_and_cost_model_give_identical_metrics(first_run, tmp_path
     assert {("update", "es"), ("update", "rl"), ("mu_eval", None), ("critic", None)} <= kinds
     assert first_run.summary["status"] == "finished" and first_run.summary["steps"] >= 700
     assert {r["worker"] for r in records if r["type"] == "update"} <= {f"virtual-{i}" for i in range(3)}
+
+
+def test_the_default_aesrl_runs_in_virtual_time(tmp_path):
+    """aesrl's defaults: the virtual learner trains the learner's own actor, RL jobs play it, ES jobs are
+    antithetic pairs and no job plays μ, so every interaction is stored."""
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id="virtual-default", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), env_kwargs={"episode_len": EPISODE_LEN}, total_steps=700,
+                                initial_steps=160, batch_size=32, critic_chunk=40).resolve()
+    assert (cfg.rl_steps_max, cfg.es_antithetic, cfg.learner) == (0, True, "crossq-sac")
+    run = VirtualRun(cfg, 3, CostModel(), out_dir=tmp_path)
+    summary = run.run()
+    assert summary["status"] == "finished" and summary["interactions"] == summary["steps"] >= 700
+    records = read_metrics(run.run_dir)
+    rl = [r for r in records if r["type"] == "update" and r["kind"] == "rl"]
+    es = [r for r in records if r["type"] == "update" and r["kind"] == "es" and not r["random"]]
+    assert rl and es and all(r["len"] == EPISODE_LEN for r in rl)
+    assert all(r["eval_steps"] == 0 for r in records if r["type"] == "mu_eval")
+    assert any(r["type"] == "critic" and r["critic_steps"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("algo", ["opo", "acemrl"])
+def test_the_daemons_own_actor_serves_the_other_asynchronous_algorithms(tmp_path, algo):
+    """rl_steps_max 0 is not aesrl's alone: opo's and acemrl's RL individuals can be the learner's actor too
+    (their single ES individuals still play μ, and its episodes are stored)."""
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo=algo, run_id=f"virtual-{algo}", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), env_kwargs={"episode_len": EPISODE_LEN}, total_steps=700,
+                                initial_steps=160, batch_size=32, critic_chunk=40, rl_steps_max=0,
+                                learner="crossq-sac").resolve()
+    run = VirtualRun(cfg, 3, CostModel(), out_dir=tmp_path)
+    summary = run.run()
+    assert summary["status"] == "finished" and summary["failed"] == 0
+    assert summary["interactions"] == summary["steps"] >= 700
+    assert any(r["type"] == "update" and r["kind"] == "rl" for r in read_metrics(run.run_dir))
 
 
 def test_results_are_told_in_completion_order(tmp_path):
@@ -215,7 +250,8 @@ def test_a_killed_virtual_run_resumes(first_run, tmp_path, procs):
     cfg = _config()
     config = tmp_path / "config.json"
     fields = ("algo", "run_id", "seed", "hidden", "critic_hidden", "env_kwargs", "total_steps", "initial_steps",
-              "batch_size", "critic_chunk", "rl_steps_max", "mean_eval_episodes")
+              "batch_size", "critic_chunk", "rl_steps_max", "mean_eval_episodes", "learner", "es_antithetic",
+              "rl_ratio", "critic_lag")
     config.write_text(json.dumps({name: getattr(cfg, name) for name in fields}))
     cost = tmp_path / "cost.json"
     CostModel().save(cost)

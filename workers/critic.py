@@ -1,5 +1,7 @@
 """The critic daemon: mirrors the replay stream onto its device, trains the run's learner (TD3's twin
 critics, or CrossQ's) with the current μ as target policy, and republishes the weights after every chunk.
+With rl_steps_max 0 it trains an actor of its own beside the critic, as the `td3` baseline does (the
+critic's target policy is then that actor), and publishes it with the critic: RL jobs take it as is.
 
 Restartable: it reloads `critic:ckpt` (the learner's networks and Adam state) and rebuilds its mirror.
 """
@@ -15,9 +17,10 @@ import redis
 import torch
 
 from aesrl_queue.codec import CodecError
+from aesrl_queue.config import critic_due
 from aesrl_queue.connection import FANOUT_ENV, wait_until_reachable
-from aesrl_queue.learners import make_learner
-from aesrl_queue.nets import NetSpec, set_flat
+from aesrl_queue.learners import Agent, make_learner
+from aesrl_queue.nets import NetSpec, get_flat, set_flat
 from aesrl_queue.store import FANOUT_FIELD, Fanout, Store
 from aesrl_queue.td3 import ReplayBuffer, pick_device
 
@@ -56,7 +59,12 @@ class CriticDaemon:
         # same step runs ~7× as fast (docs/performance.md, bench/gpu.py). Adam keeps its step count on the
         # device for that (capturable).
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
-        self.learner = make_learner(cfg, self.spec, self.device, capturable=self.cuda_graph)
+        # rl_steps_max 0: the daemon's own actor, trained as the `td3` baseline trains its one
+        self.agent = None if cfg.rl_steps_max else Agent(
+            self.spec, cfg.learner, lr=cfg.actor_lr, gamma=cfg.gamma, tau=cfg.tau, policy_noise=cfg.policy_noise,
+            noise_clip=cfg.noise_clip, device=self.device, capturable=self.cuda_graph)
+        self.learner = (make_learner(cfg, self.spec, self.device, capturable=self.cuda_graph)
+                        if self.agent is None else self.agent.learner)
         self.graph: torch.cuda.CUDAGraph | None = None
         if self.cuda_graph:  # what the graph reads and writes in place: the replay's size, [loss, Q1] sums
             self._size = torch.zeros((), device=self.device)
@@ -87,7 +95,7 @@ class CriticDaemon:
         if not ckpt:
             self.version = published
             return False
-        self.learner.load_state(ckpt)
+        (self.learner if self.agent is None else self.agent).load_state(ckpt)
         self.version = max(int(ckpt["version"]), published)
         self.trained = int(ckpt["trained"])
         log.info("critic of run %s restored: version %d, %d steps trained", self.cfg.run_id, self.version,
@@ -95,7 +103,8 @@ class CriticDaemon:
         return True
 
     def checkpoint(self) -> None:
-        self.store.save_checkpoint("critic", {**self.learner.state(), "version": self.version,
+        state = (self.learner if self.agent is None else self.agent).state()
+        self.store.save_checkpoint("critic", {**state, "version": self.version,
                                               "trained": self.trained, "t": time.time()})
         self._last_ckpt = time.monotonic()
 
@@ -120,7 +129,9 @@ class CriticDaemon:
                 added += len(ep["rew"])
 
     def refresh_target_policy(self) -> None:
-        """Use the current μ as TD3's target policy."""
+        """Use the current μ as TD3's target policy (the daemon's own actor is its own)."""
+        if self.agent is not None:
+            return
         version = self.store.current_version()
         if version == self.target_version:
             return
@@ -133,11 +144,13 @@ class CriticDaemon:
         self.target_version = version
 
     def target_name(self) -> str:
-        """The policy whose Q the critic learns: "mu <version>"."""
-        return f"mu {self.target_version}"
+        """The policy whose Q the critic learns: "mu <version>", or "actor" (the daemon's own)."""
+        return "actor" if self.agent is not None else f"mu {self.target_version}"
 
     # -- training -------------------------------------------------------------------------------
     def train_chunk(self, n: int) -> dict[str, float]:
+        if self.agent is not None:
+            return self._train_agent(n)
         if self.cuda_graph:
             try:
                 return self._train_chunk_graph(n)
@@ -152,6 +165,21 @@ class CriticDaemon:
             loss, q1_mean = self.learner.critic_step(batch, self.target_actor).tolist()
             losses.append(loss)
         return self._chunk_done(n, t0, float(np.mean(losses)), q1_mean)
+
+    def _train_agent(self, n: int) -> dict[str, float]:
+        """n iterations of the daemon's own actor and critic (a policy step every policy_delay); on CUDA
+        all but the last replayed from the Agent's captured graphs, the last eager for its loss and Q1."""
+        t0 = time.perf_counter()
+        if self.cuda_graph:
+            for _ in range(n - 1):
+                self.agent.graph_step(self.buffer, self.cfg.batch_size)
+            out = self.agent.train_step(self.buffer.sample(self.cfg.batch_size, generator=self.gen))
+            return self._chunk_done(n, t0, out["loss"], out["q1_mean"])
+        losses = []
+        for _ in range(n):
+            out = self.agent.train_step(self.buffer.sample(self.cfg.batch_size, generator=self.gen))
+            losses.append(out["loss"])
+        return self._chunk_done(n, t0, float(np.mean(losses)), out["q1_mean"])
 
     def _graph_step(self) -> torch.Tensor:
         cfg = self.cfg
@@ -199,6 +227,8 @@ class CriticDaemon:
     def publish(self, stats: dict[str, float]) -> None:
         self.version += 1
         weights = self.learner.weights()
+        if self.agent is not None:
+            weights["actor"] = get_flat(self.agent.actor)  # the actor itself, as the learner alone plays it
         if self.fan is not None:
             # To the fan-out instance first: the primary names only versions whose weights are there.
             try:
@@ -240,7 +270,7 @@ class CriticDaemon:
         if cfg.critic_on_request:
             limit, smallest = self.store.state_field("critic_request"), 1
         else:
-            limit, smallest = self.store.state_field("steps"), min(cfg.critic_chunk, 100)
+            limit, smallest = critic_due(cfg, self.store.state_field("steps")), min(cfg.critic_chunk, 100)
         n = min(cfg.critic_chunk, max(0, limit - self.trained))
         if len(self.buffer) < cfg.batch_size or n < smallest:
             return 0
@@ -254,6 +284,12 @@ class CriticDaemon:
                 self.checkpoint()
                 log.info("run %s is %s; critic daemon exits at version %d", cfg.run_id, status, self.version)
                 return status
+            if self.agent is not None and self.version == 0 and \
+                    self.store.state_field("steps") >= cfg.initial_steps:
+                # the daemon's own actor: its untrained actor is published when the random phase ends
+                self.sync()
+                self.publish({"loss": 0.0, "q1_mean": 0.0, "seconds": 0.0})
+                continue
             chunk = self.next_chunk(self.steps_per_s)
             if not chunk:
                 self.sync(block_ms=200 if cfg.critic_on_request else 1000)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
@@ -138,11 +139,16 @@ def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
     antithetic = kind == "es" and cfg.es_antithetic and not inp.random_actions
     individual = noise.rebuild(inp.mu, seeds.noise, var=inp.var, antithetic=antithetic)
     z, extra = individual.z, {}
-    if kind == "rl":
+    behaviour = actor
+    if kind == "rl" and cfg.rl_steps_max == 0:  # the critic daemon's own actor, as it published it
+        z = daemon_actor(inp.critic, cfg.actor_dim)
+        extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - inp.mu))
+        behaviour = PolicyDraws(actor, inp.critic, cfg, np.random.default_rng(seeds.sampler))
+    elif kind == "rl":
         z = train(cfg, z, inp.critic, inp.sample_states, seeds, inp.rl_steps, inp.device)
         extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - inp.mu))
     actor.set_params(z)
-    ep = run_episodes(cfg.env_id, None if inp.random_actions else actor, k=1, seed=seeds.start,
+    ep = run_episodes(cfg.env_id, None if inp.random_actions else behaviour, k=1, seed=seeds.start,
                       random_actions=inp.random_actions, store=True, env_kwargs=cfg.env_kwargs)
     fitness, length, transitions = float(ep.returns[0]), int(ep.lengths[0]), ep.transitions
     if antithetic:
@@ -155,6 +161,10 @@ def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
     # Paired (the default): the μ the individual was drawn from, from the individual's own start
     # state, so that f(z) − f(μ) measures the policy and not the start. Unpaired (the paper): an ES
     # job the μ it read at its start, an RL job, which trained for seconds meanwhile, μ as it is now.
+    if cfg.es_antithetic and cfg.rl_steps_max == 0:
+        # every episode is an individual's: f(μ) comes from the antithetic pairs alone (the newest)
+        z = z if kind == "rl" else None
+        return Outcome(fitness, length, math.nan, -1, 0, transitions, None, z, extra)
     mean = (inp.version, inp.mu) if kind == "es" or cfg.mean_eval_paired else inp.current_mu()
     f_mu, mean_ep = evaluate_mean(cfg, actor, None if mean is None else mean[1], seeds.mean_start)
     z = z if kind == "rl" else None
@@ -188,6 +198,49 @@ def train(cfg: RunConfig, z: np.ndarray, critic: Any, sample_states: Callable[[i
     return z
 
 
+def daemon_actor(critic: Any, size: int) -> np.ndarray:
+    """The actor the critic daemon trains and publishes with its critic (rl_steps_max 0)."""
+    actor = getattr(critic, "daemon_actor", None)
+    if actor is None:
+        raise JobRejected("the published critic carries no actor (rl_steps_max 0 wants the daemon's)")
+    z = codec.check_array(actor, what="daemon actor").reshape(-1)
+    if z.size != size:
+        raise JobRejected(f"the daemon's actor has {z.size} parameters, the run's actor {size}")
+    return z.astype(np.float32, copy=True)
+
+
+class PolicyDraws:
+    """The daemon's actor played as the learner alone explores (rl_steps_max 0). A stochastic learner
+    (crossq-sac): each action a draw tanh(m + σ·ε)·max_action around the actor's pre-squash output m, σ
+    from the published log-std. A deterministic one (td3, crossq): the actor's action plus Gaussian noise
+    of expl_noise·max_action, clipped to the bounds, as the `td3` baseline explores."""
+
+    def __init__(self, actor: NumpyActor, critic: Any, cfg: RunConfig, rng: np.random.Generator) -> None:
+        from aesrl_queue.learners import LOG_STD_MAX, LOG_STD_MIN, learner_class
+        from aesrl_queue.nets import NetSpec
+
+        flat = getattr(critic, "daemon_log_std", None)
+        self.stochastic = bool(getattr(learner_class(cfg.learner), "stochastic", False))
+        if self.stochastic and flat is None:
+            raise JobRejected("the published critic carries no log-std (rl_steps_max 0 draws from the policy)")
+        self.mean, self.rng, self.act_dim = actor, rng, actor.act_dim
+        self.obs_dim, self.noise = actor.obs_dim, cfg.expl_noise * actor.max_action
+        if self.stochastic:
+            self.std = NetSpec.from_config(cfg).make_numpy_actor()
+            self.std.set_params(flat)
+            self.bounds, self._ls = (LOG_STD_MIN, LOG_STD_MAX), np.empty(actor.act_dim, dtype=np.float32)
+
+    def act(self, obs: np.ndarray, out: np.ndarray) -> np.ndarray:
+        self.mean.act(obs, out=out)
+        if not self.stochastic:
+            out += self.rng.normal(0.0, self.noise, size=self.act_dim)
+            return np.clip(out, -self.mean.max_action, self.mean.max_action, out=out)
+        self.std.act(obs, out=self._ls)
+        pre, log_std = self.mean._h[-1], np.clip(self.std._h[-1], *self.bounds)
+        out[...] = np.tanh(pre + np.exp(log_std) * self.rng.standard_normal(self.act_dim)) * self.mean.max_action
+        return out
+
+
 def evaluate_mean(cfg: RunConfig, actor: NumpyActor, mu: np.ndarray | None, start: int):
     """(f(μ), μ's episodes) over `mean_eval_episodes` episodes, the first from `start`; (NaN, None)
     when there is no μ to evaluate. The episodes' transitions are kept: they are data for the replay."""
@@ -205,7 +258,11 @@ def critic_module(cfg: RunConfig, weights: dict[str, Any], device: str = "cpu"):
     from aesrl_queue.learners import learner_class
     from aesrl_queue.nets import NetSpec
 
-    return learner_class(cfg.learner).critic_for_actor(NetSpec.from_config(cfg), weights, device)
+    critic = learner_class(cfg.learner).critic_for_actor(NetSpec.from_config(cfg), weights, device)
+    if "actor" in weights:  # rl_steps_max 0: the daemon's own actor
+        critic.daemon_actor = np.asarray(weights["actor"], dtype=np.float32)
+        critic.daemon_log_std = np.asarray(weights["log_std"], dtype=np.float32) if "log_std" in weights else None
+    return critic
 
 
 # -- the RQ path: inputs from Redis, the result to Redis ---------------------------------------------------
@@ -259,7 +316,8 @@ class _RunContext:
         if kind == "rl":
             inp.device = _device()
             inp.critic = self.load_critic(inp.device)
-            inp.sample_states = self.replay_states(inp.device)
+            if self.cfg.rl_steps_max:  # an RL job that trains samples states; the daemon's actor needs none
+                inp.sample_states = self.replay_states(inp.device)
         return inp
 
     def begin(self, job: str, info: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
@@ -344,9 +402,10 @@ class _RunContext:
         more = [(f"{job}:mu", out.mean_transitions)] if self.keeps_replay and out.mean_transitions is not None else []
         store.finish_job(out.transitions, job, fields, extra_interactions=0 if self.keeps_replay else out.eval_steps,
                          keep=self.keeps_replay, more=more)
-        if self.fan is not None and self.keeps_replay:
-            # The observations RL jobs sample, after the result: a job that dies between the two leaves
-            # fewer states to sample, never a result counted twice.
+        if self.fan is not None and self.keeps_replay and cfg.rl_steps_max:
+            # The observations RL jobs sample (those that train: the daemon's own actor samples none), after
+            # the result: a job that dies between the two leaves fewer states to sample, never a result
+            # counted twice.
             try:
                 self.fan.append_obs([(job, out.transitions), *more])
             except (redis.RedisError, OSError) as exc:

@@ -1,0 +1,126 @@
+"""rl_steps_max 0: the critic daemon trains an actor of its own on the learner alone's schedule and RL
+jobs play its policy's draws.
+
+A quick aesrl run with crossq-sac (real `aesrl-queue run` processes: embedded Redis, scheduler, critic
+daemon, RQ workers); then its Redis data, read from a copy of the run folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from aesrl_queue.config import ConfigError, RunConfig
+from bench import learning
+
+
+def quick_run(tmp, **more):
+    settings = {"algo": "aesrl", "learner": "crossq-sac", "rl_steps_max": 0, "critic_shift": False, **more}
+    protocol = {**learning.QUICK, "budget_steps": 4_000, "algos": {"aesrl": settings}}
+    folder, cfg_file = tmp / "aesrl-s1", tmp / "aesrl-s1.config.json"
+    cfg_file.write_text(json.dumps({"env_id": "Pendulum-v1", **learning.cell_settings("aesrl", protocol)}))
+    done = subprocess.run(learning.cell_command("Pendulum-v1", "aesrl", 1, protocol, folder, cfg_file),
+                          cwd=learning.ROOT, env=learning.cell_env(protocol), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    return quick_run(tmp_path_factory.mktemp("daemon-actor"))
+
+
+def test_with_antithetic_pairs_no_job_plays_mu(tmp_path) -> None:
+    """es_antithetic with the daemon's actor: f(μ) comes from the pairs alone, every interaction is
+    stored, and the RL individuals are judged against the pairs' newest estimate."""
+    folder = quick_run(tmp_path, es_antithetic=True)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rl_applied"] > 0 and summary["es_applied"] > 0 and summary["failed"] == 0
+    assert summary["interactions"] == summary["steps"]
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["type"] == "mu_eval"]
+    assert evals and all(r["eval_steps"] == 0 for r in evals)
+    told = [r for r in records if r["type"] == "update" and r["kind"] == "rl" and not r["random"]]
+    pairs = {r["f_mu"] for r in records if r["type"] == "update" and r["kind"] == "es" and not r["random"]}
+    # an RL individual's reference is an antithetic pair's mean (or, before the first pair, its own return)
+    assert told and all(r["f_ref"] in pairs or r["f_ref"] == r["f_z"] for r in told)
+
+
+def test_the_daemon_publishes_its_actor_and_rl_jobs_play_it(finished) -> None:
+    from aesrl_queue.connection import connect
+    from aesrl_queue.nets import get_flat
+    from aesrl_queue.redis_server import folder_copy
+    from aesrl_queue.store import Store
+    from workers.critic import CriticDaemon
+    from workers.jobs import JobInputs, critic_module, play
+
+    with folder_copy(finished) as server:
+        client = connect(server.url)
+        store = Store(client, finished.name)
+        cfg = store.config()
+        summary = json.loads((finished / "summary.json").read_text())
+        assert summary["rl_applied"] > 0 and summary["failed"] == 0
+        assert store.state_field("critic_target", cast=str) == "actor"
+        version, weights = store.read_critic()
+        ckpt = store.load_checkpoint("critic")
+        # the published actor is the daemon's actor itself, trained a step per step stored after the random phase
+        assert ckpt["version"] == version and ckpt["total_it"] >= 3
+        np.testing.assert_array_equal(weights["actor"], ckpt["actor"])
+        assert 0 < store.state_field("critic_steps") <= summary["steps"] - cfg.initial_steps
+        # ... restored with its Adam state by a daemon that starts again
+        daemon = CriticDaemon(client, client, finished.name, device="cpu", cuda_graph=False)
+        assert daemon.restore()
+        assert daemon.agent.total_it == ckpt["total_it"]
+        np.testing.assert_array_equal(get_flat(daemon.agent.actor), weights["actor"])
+        # an RL job's individual is that actor, whatever μ it was drawn from
+        mu, var = store.read_dist(store.current_version())
+        critic = critic_module(cfg, weights)
+        out = play(JobInputs(cfg, "rl", 12345, store.current_version(), mu, var, rl_steps=0, critic=critic))
+        np.testing.assert_array_equal(out.z, weights["actor"])
+        # its episode is a draw of the policy, the same for the same seed, not the actor's deterministic play
+        again = play(JobInputs(cfg, "rl", 12345, store.current_version(), mu, var, rl_steps=0, critic=critic))
+        np.testing.assert_array_equal(again.transitions["act"], out.transitions["act"])
+        actor = cfg_actor(cfg, weights["actor"])
+        assert not np.allclose(actor.act(out.transitions["obs"]), out.transitions["act"], atol=1e-3)
+        assert out.extra["dist_after"] == pytest.approx(float(np.linalg.norm(weights["actor"].astype(np.float64) - mu)))
+
+
+def cfg_actor(cfg, flat):
+    from aesrl_queue.nets import NetSpec
+
+    actor = NetSpec.from_config(cfg).make_numpy_actor()
+    actor.set_params(flat)
+    return actor
+
+
+def test_rl_steps_max_0_is_refused_where_no_daemon_trains_an_actor() -> None:
+    with pytest.raises(ConfigError, match="rl_steps_max"):
+        RunConfig(env_id="Pendulum-v1", algo="cemrl", learner="crossq-sac", rl_steps_max=0).validate()
+    with pytest.raises(ConfigError, match="rl_steps_max"):
+        RunConfig(env_id="Pendulum-v1", rl_steps_max=-1).validate()
+
+
+def test_a_deterministic_learners_actor_is_played_with_expl_noise() -> None:
+    """td3 (and crossq) have no policy to draw from: an RL job plays the daemon's actor plus Gaussian noise
+    of expl_noise times the action bound, clipped to the bounds, as the `td3` baseline explores."""
+    import torch
+
+    from aesrl_queue.learners import Agent
+    from aesrl_queue.nets import NetSpec, get_flat
+    from workers.jobs import JobInputs, critic_module, play
+
+    cfg = RunConfig.from_preset("Pendulum-v1", algo="aesrl", learner="td3", hidden=(8, 8), critic_hidden=(16, 16),
+                                seed=5, run_id="draws").resolve()
+    torch.manual_seed(2)
+    agent = Agent(NetSpec.from_config(cfg), "td3")
+    weights = {**agent.learner.weights(), "actor": get_flat(agent.actor)}
+    mu = np.zeros(cfg.actor_dim, dtype=np.float32)
+    out = play(JobInputs(cfg, "rl", 777, 0, mu, np.full_like(mu, 1e-3), rl_steps=0, critic=critic_module(cfg, weights)))
+    np.testing.assert_array_equal(out.z, weights["actor"])
+    act, obs = out.transitions["act"], out.transitions["obs"]
+    noise = act - cfg_actor(cfg, weights["actor"]).act(obs)
+    inside = np.abs(act) < cfg.max_action  # where the clip did not bind
+    assert np.all(np.abs(act) <= cfg.max_action) and inside.mean() > 0.5
+    assert np.std(noise[inside]) == pytest.approx(cfg.expl_noise * cfg.max_action, rel=0.25)
