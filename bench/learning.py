@@ -10,6 +10,7 @@ states. Every cell counts: one runs again only after a crash, which stays in the
 
     python bench/learning.py --declare COMMIT      fix the commit (refused once rows exist)
     python bench/learning.py --run --max-hours 8   run pending cells, seed by seed; start none after 8 h
+                                                   (several beside each other share the cells)
     python bench/learning.py --report              the tables and P(improvement); writes "summary"
     python bench/learning.py --cells Hopper-v5:aesrl:1   a development or ablation cell (the dev file;
                                                    never a report seed, never a held-out env of v2)
@@ -344,6 +345,42 @@ def cell_key(r: dict[str, Any]) -> tuple[str, str, int]:
     return (r["env"], r["algo"], int(r["seed"]))
 
 
+def claimed_cells(path: Path, protocol: dict[str, Any], among: list[tuple[str, str, int]]):
+    """The pending cells of `among` in protocol order, each once, each claimed for this process when it is handed out, so that
+    several `--run` beside each other share the cells instead of running the same one. A claim lives in
+    `<results>.claims.json` (under the results file's lock) until its row or crash is written, or its
+    process is gone."""
+    claims_path, handed = path.with_name(path.stem + ".claims.json"), set()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def claim(data: dict[str, Any], got: list) -> None:
+        claims = json.loads(claims_path.read_text()) if claims_path.exists() else {}
+        claims = {k: pid for k, pid in claims.items() if pid != os.getpid() and alive(pid)}
+        done = {cell_key(r) for r in data["rows"]}
+        for cell in protocol_cells(protocol):
+            if cell in among and cell not in done | handed and ":".join(map(str, cell)) not in claims:
+                claims[":".join(map(str, cell))] = os.getpid()
+                got.append(cell)
+                handed.add(cell)
+                break
+        claims_path.write_text(json.dumps(claims, indent=1) + "\n")
+
+    while True:
+        got: list = []
+        update(path, lambda d, got=got: claim(d, got))
+        if not got:
+            return
+        yield got[0]
+
+
 def protocol_cells(protocol: dict[str, Any]) -> list[tuple[str, str, int]]:
     """Every cell, seed by seed (seed 101 of every env and algo first): partial results stay balanced."""
     seeds = sorted({s for ss in protocol["seeds"].values() for s in ss})
@@ -547,16 +584,18 @@ def report(path: Path) -> str:
               f"(wall clock is recorded, never compared: cells shared the machine) at {data['protocol']['commit']}")
 
 
-def run_cells(cells: list[tuple[str, str, int]], protocol: dict[str, Any], path: Path, runs_dir: Path,
-              max_hours: float | None, timeout_min: float, repo: Path | None, dev: bool) -> int:
-    """Run the cells in order, recording a row (or a crash) after each; start none after max_hours."""
+def run_cells(cells, protocol: dict[str, Any], path: Path, runs_dir: Path, max_hours: float | None,
+              timeout_min: float, repo: Path | None, dev: bool, total: int | None = None) -> int:
+    """Run the cells in order, recording a row (or a crash) after each; start none after max_hours.
+    `cells` may be a generator that claims each cell as it is asked for (`claimed_cells`)."""
     t0, failed = time.monotonic(), 0
+    total = len(cells) if total is None else total
     for i, (env, algo, seed) in enumerate(cells, 1):
         if max_hours is not None and time.monotonic() - t0 >= max_hours * 3600:
-            print(f"--max-hours {max_hours:g} reached: {len(cells) - i + 1} cells left", flush=True)
+            print(f"--max-hours {max_hours:g} reached after {i - 1} cells", flush=True)
             break
         commit = git(repo or ROOT, "rev-parse", "HEAD").stdout.strip()
-        print(f"[{i}/{len(cells)}] {env}:{algo}:{seed} ...", end=" ", flush=True)
+        print(f"[{i}/{total}] {env}:{algo}:{seed} ...", end=" ", flush=True)
         base = {"env": env, "algo": algo, "seed": seed, "commit": commit, "versions": package_versions(),
                 "machine": cell_machine_facts(protocol),
                 "loadavg": [[round(x, 2) for x in os.getloadavg()]]}  # at the start; the end is added
@@ -663,8 +702,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick and importlib.util.find_spec("stable_baselines3") is None:
                 print("stable-baselines3 is not installed: sb3-td3 left out", flush=True)
                 cells = [c for c in cells if c[1] != "sb3-td3"]
-            code = run_cells(cells, protocol, path, runs_dir, args.max_hours, TIMEOUT_MIN["quick" if args.quick else "full"],
-                             None if args.quick else ROOT, dev=False)
+            code = run_cells(claimed_cells(path, protocol, cells), protocol, path, runs_dir, args.max_hours,
+                             TIMEOUT_MIN["quick" if args.quick else "full"], None if args.quick else ROOT, dev=False,
+                             total=len(cells))
             if args.quick:
                 print(report(path))
             return code

@@ -201,6 +201,24 @@ def test_a_crash_is_recorded_and_the_cell_stays_pending(tmp_path, monkeypatch):
     assert ("Hopper-v5", "td3", 101) in learning.protocol_cells(learning.PROTOCOL)  # still pending: no row
 
 
+def test_runs_beside_each_other_share_the_pending_cells(tmp_path):
+    path = tmp_path / "learning-protocol-v2.json"
+    learning.update(path, lambda d: d.update(protocol={**learning.PROTOCOL, "commit": "x", "pins": learning.PINS}))
+    cells = learning.protocol_cells(learning.PROTOCOL)
+    mine = learning.claimed_cells(path, learning.PROTOCOL, cells)
+    assert next(mine) == cells[0]
+    other = ("import sys, json; from pathlib import Path; from bench import learning; "
+             "g = learning.claimed_cells(Path(sys.argv[1]), learning.PROTOCOL, learning.protocol_cells(learning.PROTOCOL)); "
+             "print(json.dumps([next(g), next(g)]))")
+    got = subprocess.run([sys.executable, "-c", other, str(path)], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert [tuple(c) for c in json.loads(got.stdout)] == cells[1:3]  # not the cell this process holds
+    # that process is gone: its claims lapse, the first of them is handed out again; a recorded cell never is
+    learning.update(path, lambda d: d["rows"].append(dict(zip(("env", "algo", "seed"), cells[1], strict=True))))
+    assert next(mine) == cells[2]
+    assert list(learning.claimed_cells(path, learning.PROTOCOL, cells[:2])) == [cells[0]]  # this process's own
+    # claim on cells[0] was dropped when it asked for the next cell; cells[1] has its row
+
+
 def test_statistics_on_made_up_scores():
     assert learning.prob_improvement(np.array([1.0, 2, 3]), np.array([2.0, 2, 2])) == 0.5  # 1 win, 1 tie of 3
     assert learning.prob_improvement(np.array([3.0, 4]), np.array([1.0, 2])) == 1.0
