@@ -292,14 +292,20 @@ def add_crash(path: Path, crash: dict[str, Any]) -> None:  # a crash of a cell i
     update(path, lambda d: d["crashes"].append(crash))
 
 
-def declare(path: Path, commit: str, repo: Path = ROOT, protocol: dict[str, Any] = PROTOCOL) -> dict[str, Any]:
+def declare(path: Path, commit: str, repo: Path = ROOT, protocol: dict[str, Any] = PROTOCOL,
+            versions: dict[str, str] | None = None) -> dict[str, Any]:
     """Write the protocol block with the full commit and the pins; refused once the file holds rows
-    under another declaration, and for a commit that is not an ancestor of main."""
+    under another declaration, for a commit that is not an ancestor of main, and where the installed
+    `versions` (default: this interpreter's) are not the pins, since the freeze records them."""
     full = git(repo, "rev-parse", "--verify", f"{commit}^{{commit}}").stdout.strip()
     if not full:
         raise Refused(f"{commit} is not a commit of {repo}")
     if git(repo, "merge-base", "--is-ancestor", full, "main").returncode != 0:
         raise Refused(f"{full[:12]} is not an ancestor of main")
+    versions = package_versions() if versions is None else versions
+    if wrong := [f"{n} {versions.get(n)} is installed, the protocol pins {v}" for n, v in PINS.items()
+                 if versions.get(n) != v]:
+        raise Refused("; ".join(wrong) + " (pip install -e '.[bench]')")
     block = {**protocol, "commit": full, "pins": dict(PINS), "freeze": write_freeze(path)}
 
     def change(data: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ import pytest
 from bench import learning
 
 ROOT = Path(__file__).resolve().parent.parent
+PINNED = dict(learning.PINS)  # the installed versions a declaration is made with (the `bench` extra's)
 
 
 def committed_results() -> dict[str, str]:
@@ -84,7 +85,7 @@ def test_the_second_protocol_is_the_issues():
 
 def test_a_declaration_keeps_the_whole_pip_freeze(repo, tmp_path):
     path = tmp_path / "learning-protocol-v2.json"
-    block = learning.declare(path, "HEAD", repo, protocol=learning.PROTOCOL_V2)
+    block = learning.declare(path, "HEAD", repo, protocol=learning.PROTOCOL_V2, versions=PINNED)
     freeze = tmp_path / block["freeze"]["file"]
     assert freeze.name == "learning-protocol-v2-freeze.txt"
     text = freeze.read_text()
@@ -148,7 +149,7 @@ def good_row(**kw):
 def test_each_refusal(repo, tmp_path):
     path = tmp_path / "learning-protocol.json"
     head = git(repo, "rev-parse", "HEAD")
-    assert learning.declare(path, "HEAD", repo)["commit"] == head
+    assert learning.declare(path, "HEAD", repo, versions=PINNED)["commit"] == head
     learning.record(path, good_row(commit=head), repo)  # clean tree, declared commit on main: recorded
     refusals = {
         "a protocol row only once": (good_row(commit=head), "already has its row"),
@@ -178,13 +179,16 @@ def test_each_refusal(repo, tmp_path):
     git(repo, "commit", "-q", "--allow-empty", "-m", "c")
     side = git(repo, "rev-parse", "HEAD")
     with pytest.raises(learning.Refused, match="not an ancestor of main"):
-        learning.declare(tmp_path / "fresh.json", side, repo)
+        learning.declare(tmp_path / "fresh.json", side, repo, versions=PINNED)
     assert any("not an ancestor of main" in w for w in learning.git_refusals(repo, side))
     # a declaration is not changed once rows exist
     git(repo, "checkout", "-q", "main")
     with pytest.raises(learning.Refused, match="holds 1 rows"):
-        learning.declare(path, "main", repo)
-    assert learning.declare(path, head, repo)["commit"] == head  # the same declaration again is no change
+        learning.declare(path, "main", repo, versions=PINNED)
+    assert learning.declare(path, head, repo, versions=PINNED)["commit"] == head  # the same declaration again is no change
+    # a declaration from an interpreter without the pins: its freeze would record another environment
+    with pytest.raises(learning.Refused, match=r"mujoco 4\.0\.1 is installed, the protocol pins"):
+        learning.declare(tmp_path / "other.json", head, repo, versions={**PINNED, "mujoco": "4.0.1"})
     # no declaration, no row
     with pytest.raises(learning.Refused, match="declares no protocol"):
         learning.record(tmp_path / "none.json", good_row(commit=head), repo)
