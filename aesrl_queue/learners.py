@@ -41,6 +41,7 @@ from torch import nn
 
 from aesrl_queue import codec
 from aesrl_queue.nets import NetSpec, _mlp, _mlp_forward, _torch_activation, get_flat, set_flat
+from aesrl_queue.numpy_actor import LOG_STD_MAX, LOG_STD_MIN
 from aesrl_queue.td3 import _actor_step, soft_update, to_numpy, to_tensors
 from aesrl_queue.td3 import critic_step as td3_critic_step
 
@@ -276,9 +277,6 @@ class CrossQLearner:
         set_flat(self.critic, codec.check_array(ckpt["critic"], what="ckpt critic"))
         _set_buffers(self.critic, codec.check_array(ckpt["critic_stats"], what="ckpt critic statistics"))
         self.opt.load_state_dict(to_tensors(ckpt["opt"], self.device))
-
-
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the bounds SAC's implementations clamp the log-std to
 
 
 class LogStd(nn.Module):
@@ -556,6 +554,14 @@ class Agent:
                 self._iteration(replay.sample_in_graph(batch_size, self._size), policy)
             self._graphs[policy] = graph
         self._graphs[policy].replay()
+
+    def policy_weights(self) -> dict[str, np.ndarray]:
+        """What a player of this agent's behaviour needs: the actor's flat parameters ("actor") and, for
+        a stochastic learner, its log-std network's ("log_std"); no critic."""
+        out = {"actor": get_flat(self.actor)}
+        if getattr(self.learner, "stochastic", False):
+            out["log_std"] = get_flat(self.learner.log_std)
+        return out
 
     def actor_params(self) -> np.ndarray:
         """The published actor: the Polyak average of the actor where the learner's `publish_average`

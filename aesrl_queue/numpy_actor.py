@@ -16,6 +16,10 @@ ACTIVATIONS = ("tanh", "relu", "leaky_relu")
 # torch's default slope for F.leaky_relu / nn.LeakyReLU, which the official code uses.
 LEAKY_SLOPE = 0.01
 
+# The bounds SAC's implementations clamp a squashed Gaussian policy's log-std to (the torch learner and
+# the numpy player of its draws use these).
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
 
 def _check_activation(name: str) -> str:
     if name not in ACTIVATIONS:
@@ -105,6 +109,12 @@ class NumpyActor:
             b[...] = arr[pos:pos + n_out]
             pos += n_out
         self._loaded = True
+
+    @property
+    def pre_squash(self) -> np.ndarray:
+        """The last 1-D `act`'s output before tanh and max_action (a view, overwritten by the next call):
+        the mean of a squashed Gaussian policy whose deterministic actor this is."""
+        return self._h[-1]
 
     def act(self, obs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Action for a 1-D observation (or rows of a 2-D batch), computed in float32.

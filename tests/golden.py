@@ -168,7 +168,7 @@ def worker_traces(client) -> dict[str, dict[str, Any]]:
         if kind == "rl" and cfg.rl_steps_max == 0:
             torch.manual_seed(2)
             agent = Agent(NetSpec.from_config(cfg), cfg.learner)
-            store.publish_critic(1, {**agent.learner.weights(), "actor": get_flat(agent.actor)})
+            store.publish_critic(1, agent.policy_weights())  # what the daemon publishes
         elif kind == "rl":
             torch.manual_seed(2)
             critic = NetSpec.from_config(cfg).make_critic("cpu")

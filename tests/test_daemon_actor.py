@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -68,6 +69,10 @@ def test_the_daemon_publishes_its_actor_and_rl_jobs_play_it(finished) -> None:
         # the published actor is the daemon's actor itself, trained a step per step stored after the random phase
         assert ckpt["version"] == version and ckpt["total_it"] >= 3
         np.testing.assert_array_equal(weights["actor"], ckpt["actor"])
+        # ... with the log-std network it draws with, and nothing else: RL jobs train no actor, the critic
+        # stays in the daemon
+        assert sorted(weights) == ["actor", "log_std"]
+        np.testing.assert_array_equal(weights["log_std"], ckpt["log_std"])
         assert 0 < store.state_field("critic_steps") <= summary["steps"] - cfg.initial_steps
         # ... restored with its Adam state by a daemon that starts again
         daemon = CriticDaemon(client, client, finished.name, device="cpu", cuda_graph=False)
@@ -115,7 +120,8 @@ def test_a_deterministic_learners_actor_is_played_with_expl_noise() -> None:
                                 seed=5, run_id="draws").resolve()
     torch.manual_seed(2)
     agent = Agent(NetSpec.from_config(cfg), "td3")
-    weights = {**agent.learner.weights(), "actor": get_flat(agent.actor)}
+    weights = agent.policy_weights()
+    assert sorted(weights) == ["actor"] and np.array_equal(weights["actor"], get_flat(agent.actor))  # no log-std
     mu = np.zeros(cfg.actor_dim, dtype=np.float32)
     out = play(JobInputs(cfg, "rl", 777, 0, mu, np.full_like(mu, 1e-3), rl_steps=0, critic=critic_module(cfg, weights)))
     np.testing.assert_array_equal(out.z, weights["actor"])
@@ -124,3 +130,41 @@ def test_a_deterministic_learners_actor_is_played_with_expl_noise() -> None:
     inside = np.abs(act) < cfg.max_action  # where the clip did not bind
     assert np.all(np.abs(act) <= cfg.max_action) and inside.mean() > 0.5
     assert np.std(noise[inside]) == pytest.approx(cfg.expl_noise * cfg.max_action, rel=0.25)
+
+
+def test_a_job_that_plays_the_daemons_policy_imports_no_torch(redis_url) -> None:
+    """An RL job of rl_steps_max 0 reads the published policy (actor and log-std, no critic) and plays
+    its draws in numpy: a worker that runs only such jobs and ES jobs never loads torch."""
+    script = """
+import sys
+import numpy as np
+from aesrl_queue.config import RunConfig
+from aesrl_queue.connection import connect
+from aesrl_queue.store import Store
+from workers.jobs import evaluate
+
+client = connect(sys.argv[1])
+cfg = RunConfig.from_preset("Pendulum-v1", algo="aesrl", run_id="no-torch").resolve()
+assert cfg.rl_steps_max == 0 and cfg.learner == "crossq-sac"
+store = Store(client, cfg.run_id)
+store.write_config(cfg)
+rng = np.random.default_rng(0)
+mu = (0.1 * rng.standard_normal(cfg.actor_dim)).astype(np.float32)
+store.publish_dist(0, mu, np.full_like(mu, 1e-2))
+store.set_state(version=0)
+policy = {"actor": (0.1 * rng.standard_normal(cfg.actor_dim)).astype(np.float32),
+          "log_std": (0.1 * rng.standard_normal(cfg.actor_dim)).astype(np.float32)}
+store.publish_critic(1, policy)
+store.add_inflight("no-torch-j1", {"kind": "rl", "version": 0, "seed": 99, "n": 1})
+evaluate(cfg.run_id, "no-torch-j1", "rl", 0, 99, cfg.spec_hash, rl_steps=0, client=client)
+(_, res), = client.xrange(store.key("results"))
+assert res[b"status"] == b"ok", res
+np.testing.assert_array_equal(store.get_individual(res[b"ind"].decode()), policy["actor"])
+print("torch" in sys.modules)
+"""
+    from conftest import child_env
+
+    done = subprocess.run([sys.executable, "-c", script, redis_url], cwd=learning.ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"

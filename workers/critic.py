@@ -20,7 +20,7 @@ from aesrl_queue.codec import CodecError
 from aesrl_queue.config import critic_due
 from aesrl_queue.connection import FANOUT_ENV, wait_until_reachable
 from aesrl_queue.learners import Agent, make_learner
-from aesrl_queue.nets import NetSpec, get_flat, set_flat
+from aesrl_queue.nets import NetSpec, set_flat
 from aesrl_queue.store import FANOUT_FIELD, Fanout, Store
 from aesrl_queue.td3 import ReplayBuffer, pick_device
 
@@ -226,9 +226,9 @@ class CriticDaemon:
 
     def publish(self, stats: dict[str, float]) -> None:
         self.version += 1
-        weights = self.learner.weights()
-        if self.agent is not None:
-            weights["actor"] = get_flat(self.agent.actor)  # the actor itself, as the learner alone plays it
+        # rl_steps_max 0: RL jobs play the daemon's actor (as the learner alone plays it) and train
+        # nothing, so only the policy is published; the critic stays in the daemon (and its checkpoint)
+        weights = self.learner.weights() if self.agent is None else self.agent.policy_weights()
         if self.fan is not None:
             # To the fan-out instance first: the primary names only versions whose weights are there.
             try:

@@ -198,11 +198,20 @@ def train(cfg: RunConfig, z: np.ndarray, critic: Any, sample_states: Callable[[i
     return z
 
 
+@dataclasses.dataclass
+class DaemonPolicy:
+    """What the critic daemon publishes when it trains its own actor (rl_steps_max 0): the actor's flat
+    parameters and, for a stochastic learner, its log-std network's. An RL job plays it; no torch."""
+
+    actor: np.ndarray
+    log_std: np.ndarray | None = None
+
+
 def daemon_actor(critic: Any, size: int) -> np.ndarray:
-    """The actor the critic daemon trains and publishes with its critic (rl_steps_max 0)."""
-    actor = getattr(critic, "daemon_actor", None)
+    """The actor the critic daemon trains and publishes (rl_steps_max 0)."""
+    actor = critic.actor if isinstance(critic, DaemonPolicy) else None
     if actor is None:
-        raise JobRejected("the published critic carries no actor (rl_steps_max 0 wants the daemon's)")
+        raise JobRejected("the published weights carry no actor (rl_steps_max 0 wants the daemon's)")
     z = codec.check_array(actor, what="daemon actor").reshape(-1)
     if z.size != size:
         raise JobRejected(f"the daemon's actor has {z.size} parameters, the run's actor {size}")
@@ -210,19 +219,17 @@ def daemon_actor(critic: Any, size: int) -> np.ndarray:
 
 
 class PolicyDraws:
-    """The daemon's actor played as the learner alone explores (rl_steps_max 0). A stochastic learner
-    (crossq-sac): each action a draw tanh(m + σ·ε)·max_action around the actor's pre-squash output m, σ
-    from the published log-std. A deterministic one (td3, crossq): the actor's action plus Gaussian noise
-    of expl_noise·max_action, clipped to the bounds, as the `td3` baseline explores."""
+    """The daemon's actor played as the learner alone explores (rl_steps_max 0), in numpy (no torch). A
+    stochastic learner (crossq-sac), whose daemon publishes a log-std network with the actor: each action
+    a draw tanh(m + σ·ε)·max_action around the actor's pre-squash output m, σ from that network. A
+    deterministic one (td3, crossq), which publishes the actor alone: the actor's action plus Gaussian
+    noise of expl_noise·max_action, clipped to the bounds, as the `td3` baseline explores."""
 
     def __init__(self, actor: NumpyActor, critic: Any, cfg: RunConfig, rng: np.random.Generator) -> None:
-        from aesrl_queue.learners import LOG_STD_MAX, LOG_STD_MIN, learner_class
-        from aesrl_queue.nets import NetSpec
+        from aesrl_queue.numpy_actor import LOG_STD_MAX, LOG_STD_MIN, NetSpec
 
-        flat = getattr(critic, "daemon_log_std", None)
-        self.stochastic = bool(getattr(learner_class(cfg.learner), "stochastic", False))
-        if self.stochastic and flat is None:
-            raise JobRejected("the published critic carries no log-std (rl_steps_max 0 draws from the policy)")
+        flat = critic.log_std if isinstance(critic, DaemonPolicy) else None
+        self.stochastic = flat is not None
         self.mean, self.rng, self.act_dim = actor, rng, actor.act_dim
         self.obs_dim, self.noise = actor.obs_dim, cfg.expl_noise * actor.max_action
         if self.stochastic:
@@ -236,7 +243,7 @@ class PolicyDraws:
             out += self.rng.normal(0.0, self.noise, size=self.act_dim)
             return np.clip(out, -self.mean.max_action, self.mean.max_action, out=out)
         self.std.act(obs, out=self._ls)
-        pre, log_std = self.mean._h[-1], np.clip(self.std._h[-1], *self.bounds)
+        pre, log_std = self.mean.pre_squash, np.clip(self.std.pre_squash, *self.bounds)
         out[...] = np.tanh(pre + np.exp(log_std) * self.rng.standard_normal(self.act_dim)) * self.mean.max_action
         return out
 
@@ -254,15 +261,16 @@ def evaluate_mean(cfg: RunConfig, actor: NumpyActor, mu: np.ndarray | None, star
 
 
 def critic_module(cfg: RunConfig, weights: dict[str, Any], device: str = "cpu"):
-    """The critic an RL job trains against, built from the weights the critic daemon publishes."""
+    """What an RL job uses, built from the weights the critic daemon publishes: the critic it trains
+    against, or (rl_steps_max 0, the weights hold "actor") the daemon's policy it plays."""
+    if "actor" in weights:
+        log_std = weights.get("log_std")
+        return DaemonPolicy(np.asarray(weights["actor"], dtype=np.float32),
+                            None if log_std is None else np.asarray(log_std, dtype=np.float32))
     from aesrl_queue.learners import learner_class
     from aesrl_queue.nets import NetSpec
 
-    critic = learner_class(cfg.learner).critic_for_actor(NetSpec.from_config(cfg), weights, device)
-    if "actor" in weights:  # rl_steps_max 0: the daemon's own actor
-        critic.daemon_actor = np.asarray(weights["actor"], dtype=np.float32)
-        critic.daemon_log_std = np.asarray(weights["log_std"], dtype=np.float32) if "log_std" in weights else None
-    return critic
+    return learner_class(cfg.learner).critic_for_actor(NetSpec.from_config(cfg), weights, device)
 
 
 # -- the RQ path: inputs from Redis, the result to Redis ---------------------------------------------------
@@ -314,9 +322,11 @@ class _RunContext:
         inp = JobInputs(self.cfg, kind, seed, version, mu, var, rl_steps, random_actions,
                         current_mu=self.read_current_mu)
         if kind == "rl":
-            inp.device = _device()
+            # an RL job that trains uses torch, a device and replay states; one that plays the daemon's
+            # actor needs none of them
+            inp.device = _device() if self.cfg.rl_steps_max else "cpu"
             inp.critic = self.load_critic(inp.device)
-            if self.cfg.rl_steps_max:  # an RL job that trains samples states; the daemon's actor needs none
+            if self.cfg.rl_steps_max:
                 inp.sample_states = self.replay_states(inp.device)
         return inp
 

@@ -84,7 +84,7 @@ def rq_problem(version: str | None = None) -> str | None:
 
 
 def _limit_threads() -> bool:
-    """One torch thread. torch is imported by the first RL job only (an ES-only worker never
+    """One torch thread. torch is imported by the first RL job that trains an actor only (a worker of ES jobs and
     needs its ~180 MB and seconds of start-up); until then the environment variables, which torch
     reads when it is imported, do the job. True once torch itself was told."""
     n = int(os.environ.get("AESRL_TORCH_THREADS", "1"))
