@@ -44,6 +44,9 @@ ANNOUNCE = "versions"
 # observations that RL jobs sample, with the index that bounds them as `replay:index` bounds the replay.
 CURRENT, OBS = "current", "obs"
 FANOUT_FIELD = "fanout"  # state field: the fan-out instance of the run (its address, no password)
+# rl_steps_max 0: how many of the critic daemon's last published actors stay under ind:policy-{version} for
+# RL jobs to copy as their individuals (288 KB each for HalfCheetah's 256-256 actor)
+POLICIES_KEPT = 8
 # save_checkpoint's parts: the key under the run's prefix, and what a decoding error names.
 CHECKPOINTS = {"optimizer": ("optimizer", "optimizer state"), "critic": ("critic:ckpt", "critic checkpoint"),
                "td3": ("td3:ckpt", "td3 checkpoint")}
@@ -195,6 +198,7 @@ class Result:
     mirror_fitness: float = math.nan
     mirror_len: int = 0
     dist_after: float = math.nan  # RL jobs: ‖z − μ_version‖ after training (how far TD3 moved it)
+    policy: int = 0  # RL jobs of rl_steps_max 0: the critic version whose published actor the individual is
 
     @property
     def ok(self) -> bool:
@@ -248,6 +252,7 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         mirror_fitness=num("mirror_fitness", float, math.nan),
         mirror_len=num("mirror_len", int, 0),
         dist_after=num("dist_after", float, math.nan),
+        policy=num("policy", int, 0),
     )
 
 def run_token(cfg: RunConfig) -> str:
@@ -549,6 +554,29 @@ class Store:
         key = self.individual_key(job)
         self.r.set(key, codec.encode_array(params), ex=max(1, int(ttl)))
         return key
+
+    def policy_key(self, version: int) -> str:
+        """Where the critic daemon keeps the actor of its published `version` (rl_steps_max 0): an RL
+        job that played it names a copy made inside Redis as its individual (`copy_individual`)."""
+        return self.key(f"ind:policy-{int(version)}")
+
+    def put_policy(self, version: int, actor: np.ndarray, ttl: int, keep: int = POLICIES_KEPT, pipe=None) -> None:
+        """The daemon's actor of `version` under policy_key, and the one `keep` versions older deleted:
+        a job reads its policy at its start and copies it at its end, seconds later; one whose version
+        is gone by then uploads its own copy. `ttl` bounds what a daemon that stops leaves behind."""
+        p = pipe or self.r
+        p.set(self.policy_key(version), codec.encode_array(actor), ex=max(1, int(ttl)))
+        if version > keep:
+            p.delete(self.policy_key(version - keep))
+
+    def copy_individual(self, source: str, job: str, ttl: int) -> str | None:
+        """ind:{job} as a copy of the key `source`, made inside Redis (no upload); None if `source` is gone."""
+        key = self.individual_key(job)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.copy(source, key, replace=True)
+        pipe.expire(key, max(1, int(ttl)))
+        copied, _ = pipe.execute()
+        return key if copied else None
 
     def get_individual(self, key: str) -> np.ndarray:
         """The individual an RL job stored: `key` as its result names it, or the job's id (no ':')."""

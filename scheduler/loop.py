@@ -45,7 +45,7 @@ from scheduler.critic_gate import make_gate
 from scheduler.dispatch import Dispatcher
 from scheduler.dists import DistCache
 from scheduler.inflight import InFlight
-from scheduler.results import ResultReader, decode, individual
+from scheduler.results import PolicyCache, ResultReader, decode, individual
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,7 @@ class Scheduler:
         self.counts_read_at = 0.0
         self.written: dict[str, Any] = {}  # the optimizer's fields as last committed
         self.dists = DistCache(store)
+        self.policies = PolicyCache(store)
         self.dists.put(self.opt.version, self.opt.mean.copy(), self.opt.var.copy())
         # Superseded versions left in Redis by an earlier incarnation are deleted once unreferenced.
         self.kept = {v for v in store.dist_versions() if v != self.opt.version}
@@ -423,7 +424,7 @@ class Scheduler:
         if why is None:
             info, eps = self.inflight.settle(res.job, res.seed)
             try:
-                update = self.opt.tell(*self._evaluated(res, info, individual(res, eps, self.dists, self.store)))
+                update = self.opt.tell(*self._evaluated(res, info, individual(res, eps, self.dists, self.store, self.policies)))
             except CodecError as exc:
                 why = ("rejected", f"individual of {res.job} unusable: {exc}", True)
             except ValueError as exc:

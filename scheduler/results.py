@@ -10,7 +10,7 @@ import redis
 
 from aesrl_queue import kernels, noise
 from aesrl_queue.codec import CodecError
-from aesrl_queue.store import Result, Store, decode_result
+from aesrl_queue.store import POLICIES_KEPT, Result, Store, decode_result
 from scheduler.dists import DistCache
 
 
@@ -35,15 +35,41 @@ def decode(entry_id: str, fields: dict) -> tuple[Result | None, str]:
         return None, str(exc)
 
 
-def individual(res: Result, eps: np.ndarray | None, dists: DistCache, store: Store) -> noise.Individual:
+class PolicyCache:
+    """The critic daemon's published actors (rl_steps_max 0) by version, each read once from the key the
+    daemon keeps it under (`Store.policy_key`), for the RL results that played it: the same bytes as
+    each result's own copy, read once per version instead of once per result."""
+
+    def __init__(self, store: Store, keep: int = POLICIES_KEPT) -> None:
+        self.store, self.keep = store, keep
+        self._cache: dict[int, np.ndarray] = {}
+
+    def get(self, version: int) -> np.ndarray | None:
+        """A copy of the actor of `version`; None when the daemon's key of it is gone."""
+        z = self._cache.get(version)
+        if z is None:
+            try:
+                z = self.store.get_individual(self.store.policy_key(version))
+            except CodecError:
+                return None
+            self._cache[version] = z
+            for old in sorted(self._cache)[:-self.keep]:
+                del self._cache[old]
+        return z.copy()
+
+
+def individual(res: Result, eps: np.ndarray | None, dists: DistCache, store: Store,
+               policies: PolicyCache | None = None) -> noise.Individual:
     """The evaluated parameters: rebuilt from (version, seed) for ES (with the mirror of an antithetic
     job, one with a finite mirror_fitness; `eps` is ε when computed ahead, else `rebuild` computes it),
     downloaded for RL (whose μ it leaves unread: the version may be gone by the time a long RL job
-    reports). Raises CodecError when they cannot be had."""
+    reports); an RL job that played the daemon's actor of a version (`res.policy`) is that actor, from
+    `policies` while the daemon keeps it. Raises CodecError when they cannot be had."""
     if res.kind == "rl":
         if not res.ind:
             raise CodecError(f"RL result of {res.job} names no individual key")
-        return noise.Individual(store.get_individual(res.ind), None, None)
+        z = policies.get(res.policy) if policies is not None and res.policy > 0 else None
+        return noise.Individual(store.get_individual(res.ind) if z is None else z, None, None)
     mu, std = dists.get_std(res.version)
     return noise.rebuild(mu, res.seed, std=std, antithetic=math.isfinite(res.mirror_fitness), eps=eps,
                          perturb=kernels.perturbation)

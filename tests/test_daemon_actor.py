@@ -74,6 +74,9 @@ def test_the_daemon_publishes_its_actor_and_rl_jobs_play_it(finished) -> None:
         assert sorted(weights) == ["actor", "log_std"]
         np.testing.assert_array_equal(weights["log_std"], ckpt["log_std"])
         assert 0 < store.state_field("critic_steps") <= summary["steps"] - cfg.initial_steps
+        # RL results name the version of the actor they played, and a copy of it as their individual
+        rl = [f for _, f in client.xrange(store.key("results")) if f[b"kind"] == b"rl" and f[b"status"] == b"ok"]
+        assert rl and all(1 <= int(f[b"policy"]) <= version for f in rl)
         # ... restored with its Adam state by a daemon that starts again
         daemon = CriticDaemon(client, client, finished.name, device="cpu", cuda_graph=False)
         assert daemon.restore()
@@ -132,9 +135,11 @@ def test_a_deterministic_learners_actor_is_played_with_expl_noise() -> None:
     assert np.std(noise[inside]) == pytest.approx(cfg.expl_noise * cfg.max_action, rel=0.25)
 
 
-def test_a_job_that_plays_the_daemons_policy_imports_no_torch(redis_url) -> None:
+def test_a_job_that_plays_the_daemons_policy_imports_no_torch_and_uploads_no_actor(redis_url) -> None:
     """An RL job of rl_steps_max 0 reads the published policy (actor and log-std, no critic) and plays
-    its draws in numpy: a worker that runs only such jobs and ES jobs never loads torch."""
+    its draws in numpy: a worker that runs only such jobs and ES jobs never loads torch. Its individual
+    is a copy, made inside Redis, of the actor the daemon keeps for that version (the job uploads less
+    than the actor's bytes); when that version is gone the job uploads its own copy."""
     script = """
 import sys
 import numpy as np
@@ -155,11 +160,21 @@ store.set_state(version=0)
 policy = {"actor": (0.1 * rng.standard_normal(cfg.actor_dim)).astype(np.float32),
           "log_std": (0.1 * rng.standard_normal(cfg.actor_dim)).astype(np.float32)}
 store.publish_critic(1, policy)
-store.add_inflight("no-torch-j1", {"kind": "rl", "version": 0, "seed": 99, "n": 1})
-evaluate(cfg.run_id, "no-torch-j1", "rl", 0, 99, cfg.spec_hash, rl_steps=0, client=client)
-(_, res), = client.xrange(store.key("results"))
-assert res[b"status"] == b"ok", res
-np.testing.assert_array_equal(store.get_individual(res[b"ind"].decode()), policy["actor"])
+store.put_policy(1, policy["actor"], ttl=600)
+received = []
+for job in ("no-torch-j1", "no-torch-j2", "no-torch-j3"):  # j1 loads the scripts and reads the config
+    if job.endswith("3"):
+        client.delete(store.policy_key(1))  # gone: the job uploads its own copy
+    store.add_inflight(job, {"kind": "rl", "version": 0, "seed": 99, "n": 1})
+    before = client.info("stats")["total_net_input_bytes"]
+    evaluate(cfg.run_id, job, "rl", 0, 99, cfg.spec_hash, rl_steps=0, client=client)
+    received.append(client.info("stats")["total_net_input_bytes"] - before)
+    res = client.xrange(store.key("results"))[-1][1]
+    assert res[b"status"] == b"ok", res
+    assert res[b"ind"].decode() == store.individual_key(job)
+    np.testing.assert_array_equal(store.get_individual(res[b"ind"].decode()), policy["actor"])
+actor_bytes = policy["actor"].nbytes
+assert received[1] < actor_bytes < received[2] and received[2] - received[1] > 0.95 * actor_bytes, (received, actor_bytes)
 print("torch" in sys.modules)
 """
     from conftest import child_env
@@ -168,3 +183,42 @@ print("torch" in sys.modules)
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_scheduler_reads_each_published_actor_once(client) -> None:
+    """RL results that played the daemon's actor of one version are told that actor, read once from the
+    daemon's key of it; a version whose key is gone (and not read before) is read from the result's copy."""
+    from aesrl_queue.store import Result, Store
+    from scheduler.dists import DistCache
+    from scheduler.results import PolicyCache, individual
+
+    cfg = RunConfig.from_preset("Pendulum-v1", algo="aesrl", run_id="policy-cache").resolve()
+    store = Store(client, cfg.run_id)
+    store.write_config(cfg)
+    actors = {v: np.full(cfg.actor_dim, v, dtype=np.float32) for v in (1, 2)}
+    for v, a in actors.items():
+        store.put_policy(v, a, ttl=600)
+    gets = lambda: client.info("commandstats").get("cmdstat_get", {}).get("calls", 0)  # noqa: E731
+    policies, dists = PolicyCache(store), DistCache(store)
+
+    def told(job: str, version: int) -> np.ndarray:
+        res = Result(job=job, kind="rl", status="ok", version=0, seed=1, fitness=0.0, length=1, f_mu=0.0,
+                     f_mu_version=0, ind=(store.copy_individual(store.policy_key(version), job, 600)
+                                          or store.put_individual(job, actors[version], 600)),  # as a worker does
+                     worker="w", spec_hash="", error="", eval_steps=0, duration=0.0, policy=version)
+        return individual(res, None, dists, store, policies).z
+
+    before = gets()
+    for i in range(5):
+        np.testing.assert_array_equal(told(f"j{i}", 1), actors[1])
+    assert gets() - before == 1
+    z = told("j5", 2)
+    client.delete(store.policy_key(2))
+    z[:] = -1  # the caller's copy: the cache keeps its own
+    np.testing.assert_array_equal(told("j6", 2), actors[2])
+    assert policies.get(3) is None
+    store.put_individual("j7", actors[1], ttl=600)  # version 3 was never kept: the result's own copy is told
+    res = Result(job="j7", kind="rl", status="ok", version=0, seed=1, fitness=0.0, length=1, f_mu=0.0, f_mu_version=0,
+                 ind=store.individual_key("j7"), worker="w", spec_hash="", error="", eval_steps=0, duration=0.0,
+                 policy=3)
+    np.testing.assert_array_equal(individual(res, None, dists, store, policies).z, actors[1])

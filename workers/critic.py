@@ -229,6 +229,7 @@ class CriticDaemon:
         # rl_steps_max 0: RL jobs play the daemon's actor (as the learner alone plays it) and train
         # nothing, so only the policy is published; the critic stays in the daemon (and its checkpoint)
         weights = self.learner.weights() if self.agent is None else self.agent.policy_weights()
+        actor = None if self.agent is None else weights["actor"]
         if self.fan is not None:
             # To the fan-out instance first: the primary names only versions whose weights are there.
             try:
@@ -240,6 +241,8 @@ class CriticDaemon:
             weights = None
         pipe = self.r.pipeline()
         self.store.publish_critic(self.version, weights, pipe=pipe)
+        if actor is not None:  # on the primary, for RL jobs to copy as their individuals
+            self.store.put_policy(self.version, actor, ttl=max(600, self.cfg.job_timeout), pipe=pipe)
         self.store.set_state(pipe=pipe, critic_version=self.version, critic_steps=self.trained,
                              critic_loss=stats["loss"], critic_updated_at=time.time(),
                              critic_steps_per_s=round(self.steps_per_s, 1), critic_device=str(self.device),

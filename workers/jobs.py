@@ -407,7 +407,14 @@ class _RunContext:
         replay stores μ's episodes as their own entry after the individual's, and counts them as
         stored steps; a run without one stores nothing and counts μ's steps as interactions only."""
         cfg, store = self.cfg, self.store
-        ind_key = "" if out.z is None else store.put_individual(job, out.z, ttl=max(600, cfg.job_timeout))
+        ttl, ind_key = max(600, cfg.job_timeout), ""
+        if out.z is not None and cfg.rl_steps_max == 0:
+            # the daemon's actor as it published it: copied inside Redis from the daemon's key of the
+            # version this job played, not uploaded (uploaded only when that version is gone)
+            ind_key = store.copy_individual(store.policy_key(self.critic_version), job, ttl) or ""
+            out.extra["policy"] = self.critic_version
+        if out.z is not None and not ind_key:
+            ind_key = store.put_individual(job, out.z, ttl=ttl)
         fields = dict(base, status="ok", **out.result, ind=ind_key, duration=time.monotonic() - t0)
         more = [(f"{job}:mu", out.mean_transitions)] if self.keeps_replay and out.mean_transitions is not None else []
         store.finish_job(out.transitions, job, fields, extra_interactions=0 if self.keeps_replay else out.eval_steps,
