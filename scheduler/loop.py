@@ -45,7 +45,7 @@ from scheduler.critic_gate import make_gate
 from scheduler.dispatch import Dispatcher
 from scheduler.dists import DistCache
 from scheduler.inflight import InFlight
-from scheduler.results import PolicyCache, ResultReader, decode, individual
+from scheduler.results import PolicyCache, ResultReader, decode, individual, note_distance
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +424,9 @@ class Scheduler:
         if why is None:
             info, eps = self.inflight.settle(res.job, res.seed)
             try:
-                update = self.opt.tell(*self._evaluated(res, info, individual(res, eps, self.dists, self.store, self.policies)))
+                ind = individual(res, eps, self.dists, self.store, self.policies)
+                note_distance(res, ind, self.dists)
+                update = self.opt.tell(*self._evaluated(res, info, ind))
             except CodecError as exc:
                 why = ("rejected", f"individual of {res.job} unusable: {exc}", True)
             except ValueError as exc:

@@ -73,3 +73,10 @@ def individual(res: Result, eps: np.ndarray | None, dists: DistCache, store: Sto
     mu, std = dists.get_std(res.version)
     return noise.rebuild(mu, res.seed, std=std, antithetic=math.isfinite(res.mirror_fitness), eps=eps,
                          perturb=kernels.perturbation)
+
+
+def note_distance(res: Result, ind: noise.Individual, dists: DistCache) -> None:
+    """The dist_after of a result of the daemon's actor (`res.policy`), whose job reads no μ: ‖z − μ‖
+    for the version it was drawn from, where the scheduler still holds that μ (else it stays NaN)."""
+    if res.policy > 0 and (mu := dists.held(res.version)) is not None:
+        res.dist_after = float(np.linalg.norm(ind.z.astype(np.float64) - mu))

@@ -91,8 +91,8 @@ class JobInputs:
     kind: str  # "es" or "rl"
     seed: int
     version: int  # the version of μ/var the individual is drawn from
-    mu: np.ndarray
-    var: np.ndarray
+    mu: np.ndarray | None  # None for an RL job of the daemon's actor (rl_steps_max 0): it draws nothing
+    var: np.ndarray | None
     rl_steps: int = 0
     random_actions: bool = False
     critic: Any = None  # the critic module the actor trains against (`critic_module`)
@@ -137,14 +137,16 @@ def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
     # es_antithetic: the job also plays μ − σ·ε from the same start state and stores both episodes;
     # their mean return estimates f(μ) (the first-order terms cancel), so no episode is spent on μ
     antithetic = kind == "es" and cfg.es_antithetic and not inp.random_actions
-    individual = noise.rebuild(inp.mu, seeds.noise, var=inp.var, antithetic=antithetic)
-    z, extra = individual.z, {}
+    extra: dict[str, float] = {}
     behaviour = actor
     if kind == "rl" and cfg.rl_steps_max == 0:  # the critic daemon's own actor, as it published it
+        # (the scheduler, which holds μ, computes its dist_after)
         z = daemon_actor(inp.critic, cfg.actor_dim)
-        extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - inp.mu))
         behaviour = PolicyDraws(actor, inp.critic, cfg, np.random.default_rng(seeds.sampler))
-    elif kind == "rl":
+    else:
+        individual = noise.rebuild(inp.mu, seeds.noise, var=inp.var, antithetic=antithetic)
+        z = individual.z
+    if kind == "rl" and cfg.rl_steps_max:
         z = train(cfg, z, inp.critic, inp.sample_states, seeds, inp.rl_steps, inp.device)
         extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - inp.mu))
     actor.set_params(z)
@@ -315,7 +317,8 @@ class _RunContext:
     def inputs(self, job: str, kind: str, seed: int, rl_steps: int, random_actions: bool) -> JobInputs | None:
         """Start `job` and read what it computes from; None if the job is no longer wanted."""
         info = codec.pack({"worker": WORKER_NAME, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
-        started = self.begin(job, info)
+        # an RL job of the daemon's actor plays that actor: μ/var (2 × the actor's bytes) stay unread
+        started = self.begin(job, info, dist=not (kind == "rl" and self.cfg.rl_steps_max == 0))
         if started is None:
             return None
         version, mu, var = started
@@ -330,8 +333,9 @@ class _RunContext:
                 inp.sample_states = self.replay_states(inp.device)
         return inp
 
-    def begin(self, job: str, info: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
-        """Start `job` on the primary: (version, μ, var) of the version it uses, None if no longer wanted."""
+    def begin(self, job: str, info: bytes, dist: bool = True) -> tuple[int, np.ndarray | None, np.ndarray | None] | None:
+        """Start `job` on the primary: (version, μ, var) of the version it uses (μ and var None without
+        `dist`: a job that draws nothing from them), None if no longer wanted."""
         store = self.store
         started = store.start_job(job, info)
         if not started:
@@ -341,6 +345,8 @@ class _RunContext:
         tag = started[2] if len(started) > 2 else None
         if tag is not None and not same_run(tag, self.token):  # the run was started over under this id
             raise StaleContext(store.run_id)
+        if not dist:
+            return version, None, None
         mu, var = self.reader.dist(store, version, tag=tag)
         return (version, *decode_dist(version, mu, var, self.cfg.actor_dim))
 
