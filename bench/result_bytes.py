@@ -36,9 +36,12 @@ from aesrl_queue.redis_server import RedisServer  # noqa: E402
 def snapshot(client: redis.Redis, state_key: str) -> dict[str, float]:
     stats, cpu = client.info("stats"), client.info("cpu")
     state = {k.decode(): v.decode() for k, v in client.hgetall(state_key).items()}
+    prefix = state_key[:-len("state")]
     return {"in": stats["total_net_input_bytes"], "out": stats["total_net_output_bytes"],
-            "cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
-            **{k: int(state.get(k, 0) or 0) for k in ("results_applied", "rl_applied", "es_applied", "steps")}}
+            "cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), "t": time.monotonic(),
+            "critic_ckpt_bytes": client.strlen(prefix + "critic:ckpt"), "optimizer_bytes": client.strlen(prefix + "optimizer"),
+            **{k: int(state.get(k, 0) or 0) for k in ("results_applied", "rl_applied", "es_applied", "steps", "version",
+                                                       "critic_version")}}
 
 
 def commit_of(repo: Path) -> str:
@@ -81,7 +84,12 @@ def measure(repo: Path, args: argparse.Namespace, name: str) -> dict[str, Any]:
                 "steps": last["steps"] - first["steps"], "wall_s": round(time.monotonic() - t0, 1),
                 "in_kb_per_result": round((last["in"] - first["in"]) / n / 1024, 1),
                 "out_kb_per_result": round((last["out"] - first["out"]) / n / 1024, 1),
-                "redis_cpu_ms_per_result": round(1000 * (last["cpu_s"] - first["cpu_s"]) / n, 2)}
+                "redis_cpu_ms_per_result": round(1000 * (last["cpu_s"] - first["cpu_s"]) / n, 2),
+                # what is written per second or per version rather than per result, over the same span
+                "span_s": round(last["t"] - first["t"], 1), "mu_versions": last["version"] - first["version"],
+                "critic_versions": last["critic_version"] - first["critic_version"],
+                "critic_ckpt_kb": round(last["critic_ckpt_bytes"] / 1024, 1),
+                "optimizer_kb": round(last["optimizer_bytes"] / 1024, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,11 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [measure(args.reference.resolve(), args, "reference"), measure(ROOT, args, "this")]
     print(f"{args.env}, default aesrl, {args.workers} workers, {args.steps} steps "
           f"(random phase {args.initial_steps}), seed {args.seed}; per result after the first RL result:")
-    print("| code | commit | results | RL share | KB in | KB out | Redis CPU ms |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| code | commit | results | RL share | KB in | KB out | Redis CPU ms | span s | μ versions | critic versions "
+          "| critic ckpt KB (every 10 s) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['name']} | {r['commit']} | {r['results']} | {r['rl_share']:.2f} | {r['in_kb_per_result']:.1f} | "
-              f"{r['out_kb_per_result']:.1f} | {r['redis_cpu_ms_per_result']:.2f} |")
+              f"{r['out_kb_per_result']:.1f} | {r['redis_cpu_ms_per_result']:.2f} | {r['span_s']:.0f} | {r['mu_versions']} | "
+              f"{r['critic_versions']} | {r['critic_ckpt_kb']:.0f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"env": args.env, "steps": args.steps, "initial_steps": args.initial_steps,
                                     "seed": args.seed, "workers": args.workers, "cpu": platform.processor() or
