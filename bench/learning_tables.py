@@ -11,7 +11,8 @@ Reads bench/results/learning-protocol.json (or FILE), computes the summary as `b
 It writes nothing to the results file. `--plot PNG` draws each environment's mean with its interval
 at 25/50/100 % of the stored steps and at 25k/50k/100k needed interactions (needs matplotlib);
 `--doc MD` puts the tables into MD between the lines `<!-- protocol tables -->` and
-`<!-- end protocol tables -->` (docs/performance.md's Results), replacing what was there.
+`<!-- end protocol tables -->` (docs/performance.md's Results), replacing what was there; for another
+protocol's file, its own lines (learning-protocol-v2.json: `<!-- protocol v2 tables -->` ...).
 
     python bench/learning_tables.py [FILE] [--plot docs/img/learning-protocol.png] [--doc docs/performance.md]
 """
@@ -30,7 +31,11 @@ if str(ROOT) not in sys.path:
 from bench.learning import RESULTS, load, protocol_cells, summarise  # noqa: E402
 
 STEPS, INTERACTIONS = ("25", "50", "100"), ("i25k", "i50k", "i100k")
-MARKS = ("<!-- protocol tables -->", "<!-- end protocol tables -->")
+def marks(file: Path) -> tuple[str, str]:
+    """The lines of a doc that a protocol's tables go between, named after its results file."""
+    name = file.stem.removeprefix("learning-").replace("-", " ") + " tables"
+    return f"<!-- {name} -->", f"<!-- end {name} -->"
+
 SHORT = {"HalfCheetah-v5": "HalfCheetah", "Hopper-v5": "Hopper", "Walker2d-v5": "Walker2d"}
 
 
@@ -154,10 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if a.doc:
         doc = a.doc.read_text()
-        start, end = doc.find(MARKS[0]), doc.find(MARKS[1])
+        first, last = marks(a.file)
+        start, end = doc.find(first), doc.find(last)
         if start < 0 or end < start:
-            ap.error(f"{a.doc}: no lines {MARKS[0]} and {MARKS[1]} (in that order) to put the tables between")
-        a.doc.write_text(doc[:start + len(MARKS[0])] + "\n" + text + "\n" + doc[end:])
+            ap.error(f"{a.doc}: no lines {first} and {last} (in that order) to put the tables between")
+        a.doc.write_text(doc[:start + len(first)] + "\n" + text + "\n" + doc[end:])
         print(f"\ntables: {a.doc}")
     if a.plot:
         plot(summary, data["protocol"], a.plot)

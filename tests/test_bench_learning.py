@@ -359,6 +359,11 @@ def test_tables_for_the_docs_call_a_difference_only_with_every_declared_seed(tmp
     text = doc.read_text()
     assert "old table" not in text and text.startswith("intro\n<!-- protocol tables -->\n12 of 57 cells")
     assert "(5 v 2) |  |  |  |\n<!-- end protocol tables -->\nafter\n" in text
+    # another protocol's file has lines of its own: the first protocol's tables stay
+    from bench.learning_tables import marks
+
+    assert marks(tmp_path / "learning-protocol-v2.json") == ("<!-- protocol v2 tables -->",
+                                                            "<!-- end protocol v2 tables -->")
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "learning_tables.py"), str(tmp_path / "none.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such results file" in bad.stderr
