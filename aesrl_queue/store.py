@@ -197,7 +197,6 @@ class Result:
     # antithetic ES jobs (es_antithetic): the return and length of μ − σ·ε (NaN, 0 otherwise)
     mirror_fitness: float = math.nan
     mirror_len: int = 0
-    dist_after: float = math.nan  # RL jobs: ‖z − μ_version‖ after training (how far TD3 moved it)
     policy: int = 0  # RL jobs of rl_steps_max 0: the critic version whose published actor the individual is
 
     @property
@@ -251,9 +250,14 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         interactions=num("interactions", int, -1),
         mirror_fitness=num("mirror_fitness", float, math.nan),
         mirror_len=num("mirror_len", int, 0),
-        dist_after=num("dist_after", float, math.nan),
         policy=num("policy", int, 0),
     )
+
+def policy_name(version: int) -> str:
+    """The individual (`Store.get_individual`) the critic daemon's actor of critic `version` is kept as
+    (rl_steps_max 0: RL jobs copy it as theirs, the scheduler reads it once)."""
+    return f"policy-{int(version)}"
+
 
 def run_token(cfg: RunConfig) -> str:
     """What tells a run from an earlier one of the same id (its creation time): published versions
@@ -461,9 +465,6 @@ class Store:
                 return None
         return None if mu is None or var is None else (mu, var)
 
-    def config_blob(self, client: redis.Redis | None = None) -> bytes | None:
-        return (client or self.r).get(self.key("config"))
-
     def critic_blob(self, client: redis.Redis | None = None, tag: bytes | None = None) -> tuple[int, bytes] | None:
         """(version, raw weights blob) of the published critic, None if there is none or, with `tag`,
         if it carries another run token."""
@@ -550,33 +551,28 @@ class Store:
         """The key an RL job stores its trained individual under."""
         return self.key(f"ind:{job}")
 
-    def put_individual(self, job: str, params: np.ndarray, ttl: int) -> str:
+    def put_individual(self, job: str, params: np.ndarray, ttl: int, copy_of: str | None = None) -> str:
+        """ind:{job}, its key returned: a copy made inside Redis (no upload) of the individual named
+        `copy_of` (`policy_name(v)`: the critic daemon's actor) where Redis holds it, else `params`."""
         key = self.individual_key(job)
+        if copy_of is not None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.copy(self.individual_key(copy_of), key, replace=True)
+            pipe.expire(key, max(1, int(ttl)))
+            if pipe.execute()[0]:
+                return key
         self.r.set(key, codec.encode_array(params), ex=max(1, int(ttl)))
         return key
 
-    def policy_key(self, version: int) -> str:
-        """Where the critic daemon keeps the actor of its published `version` (rl_steps_max 0): an RL
-        job that played it names a copy made inside Redis as its individual (`copy_individual`)."""
-        return self.key(f"ind:policy-{int(version)}")
-
     def put_policy(self, version: int, actor: np.ndarray, ttl: int, keep: int = POLICIES_KEPT, pipe=None) -> None:
-        """The daemon's actor of `version` under policy_key, and the one `keep` versions older deleted:
-        a job reads its policy at its start and copies it at its end, seconds later; one whose version
-        is gone by then uploads its own copy. `ttl` bounds what a daemon that stops leaves behind."""
+        """The critic daemon's actor of `version` as the individual `policy_name(version)`, and the one
+        `keep` versions older deleted: a job reads its policy at its start and copies it at its end,
+        seconds later (one whose version is gone by then uploads its own). `ttl` bounds what a daemon
+        that stops leaves behind."""
         p = pipe or self.r
-        p.set(self.policy_key(version), codec.encode_array(actor), ex=max(1, int(ttl)))
+        p.set(self.individual_key(policy_name(version)), codec.encode_array(actor), ex=max(1, int(ttl)))
         if version > keep:
-            p.delete(self.policy_key(version - keep))
-
-    def copy_individual(self, source: str, job: str, ttl: int) -> str | None:
-        """ind:{job} as a copy of the key `source`, made inside Redis (no upload); None if `source` is gone."""
-        key = self.individual_key(job)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.copy(source, key, replace=True)
-        pipe.expire(key, max(1, int(ttl)))
-        copied, _ = pipe.execute()
-        return key if copied else None
+            p.delete(self.individual_key(policy_name(version - keep)))
 
     def get_individual(self, key: str) -> np.ndarray:
         """The individual an RL job stored: `key` as its result names it, or the job's id (no ':')."""

@@ -31,15 +31,15 @@ if str(ROOT) not in sys.path:
 import redis  # noqa: E402
 
 from aesrl_queue.redis_server import RedisServer  # noqa: E402
+from aesrl_queue.store import CHECKPOINTS, Store  # noqa: E402
 
 
-def snapshot(client: redis.Redis, state_key: str) -> dict[str, float]:
+def snapshot(client: redis.Redis, store: Store) -> dict[str, float]:
     stats, cpu = client.info("stats"), client.info("cpu")
-    state = {k.decode(): v.decode() for k, v in client.hgetall(state_key).items()}
-    prefix = state_key[:-len("state")]
+    state = store.state()
     return {"in": stats["total_net_input_bytes"], "out": stats["total_net_output_bytes"],
             "cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), "t": time.monotonic(),
-            "critic_ckpt_bytes": client.strlen(prefix + "critic:ckpt"), "optimizer_bytes": client.strlen(prefix + "optimizer"),
+            **{f"{part}_bytes": client.strlen(store.key(CHECKPOINTS[part][0])) for part in ("critic", "optimizer")},
             **{k: int(state.get(k, 0) or 0) for k in ("results_applied", "rl_applied", "es_applied", "steps", "version",
                                                        "critic_version")}}
 
@@ -60,7 +60,7 @@ def measure(repo: Path, args: argparse.Namespace, name: str) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "cli.main", "run", "--env", args.env, "--steps", str(args.steps),
                "--initial-steps", str(args.initial_steps), "--seed", str(args.seed), "--workers", str(args.workers),
                "--redis-url", server.url, "--out", tmp, "--run-id", run_id, "--snapshot-every", "0"]
-        state_key = f"aesrl:{run_id}:state"
+        store = Store(client, run_id)
         first = last = None
         t0 = time.monotonic()
         with open(Path(tmp) / "run.log", "w") as log:
@@ -68,7 +68,7 @@ def measure(repo: Path, args: argparse.Namespace, name: str) -> dict[str, Any]:
             while proc.poll() is None:
                 time.sleep(0.2)
                 try:
-                    snap = snapshot(client, state_key)
+                    snap = snapshot(client, store)
                 except redis.RedisError:
                     continue
                 if first is None and snap["rl_applied"] > 0:
@@ -88,7 +88,7 @@ def measure(repo: Path, args: argparse.Namespace, name: str) -> dict[str, Any]:
                 # what is written per second or per version rather than per result, over the same span
                 "span_s": round(last["t"] - first["t"], 1), "mu_versions": last["version"] - first["version"],
                 "critic_versions": last["critic_version"] - first["critic_version"],
-                "critic_ckpt_kb": round(last["critic_ckpt_bytes"] / 1024, 1),
+                "critic_ckpt_kb": round(last["critic_bytes"] / 1024, 1),
                 "optimizer_kb": round(last["optimizer_bytes"] / 1024, 1)}
 
 

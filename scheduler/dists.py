@@ -26,11 +26,6 @@ class DistCache:
         else:
             self._std[version] = std
 
-    def held(self, version: int) -> np.ndarray | None:
-        """μ of `version` if this cache holds it (no read)."""
-        got = self._cache.get(version)
-        return None if got is None else got[0]
-
     def get(self, version: int) -> tuple[np.ndarray, np.ndarray]:
         got = self._cache.get(version)
         if got is None:

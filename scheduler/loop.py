@@ -45,7 +45,7 @@ from scheduler.critic_gate import make_gate
 from scheduler.dispatch import Dispatcher
 from scheduler.dists import DistCache
 from scheduler.inflight import InFlight
-from scheduler.results import PolicyCache, ResultReader, decode, individual, note_distance
+from scheduler.results import PolicyCache, ResultReader, decode, distance, individual
 
 log = logging.getLogger(__name__)
 
@@ -425,18 +425,17 @@ class Scheduler:
             info, eps = self.inflight.settle(res.job, res.seed)
             try:
                 ind = individual(res, eps, self.dists, self.store, self.policies)
-                note_distance(res, ind, self.dists)
                 update = self.opt.tell(*self._evaluated(res, info, ind))
             except CodecError as exc:
                 why = ("rejected", f"individual of {res.job} unusable: {exc}", True)
             except ValueError as exc:
                 why = ("rejected", f"tell rejected {res.job}: {exc}", True)
         if why is None:
-            self._told(res, info, update)
+            self._told(res, info, update, distance(res, ind, self.dists))
         else:
             self._refuse(res.job if ours else None, *why)
 
-    def _told(self, res: Result, info: dict[str, Any], update: Update) -> None:
+    def _told(self, res: Result, info: dict[str, Any], update: Update, dist_after: float) -> None:
         """Hold what a told result asks to be written, with what the job itself reported beside what
         the optimizer made of it; count it as applied."""
         if update.history is not None:
@@ -444,7 +443,7 @@ class Scheduler:
                                   rl_steps=int(info.get("rl_steps", 0)),
                                   dispatched_at=float(info.get("enqueued_at", 0.0)))
             if res.kind == "rl":
-                update.history["dist_after"] = res.dist_after
+                update.history["dist_after"] = dist_after
         if update.applied:
             self.applied["results_applied"] += 1
             self.applied[f"{res.kind}_applied"] += 1

@@ -10,7 +10,7 @@ import redis
 
 from aesrl_queue import kernels, noise
 from aesrl_queue.codec import CodecError
-from aesrl_queue.store import POLICIES_KEPT, Result, Store, decode_result
+from aesrl_queue.store import POLICIES_KEPT, Result, Store, decode_result, policy_name
 from scheduler.dists import DistCache
 
 
@@ -37,7 +37,7 @@ def decode(entry_id: str, fields: dict) -> tuple[Result | None, str]:
 
 class PolicyCache:
     """The critic daemon's published actors (rl_steps_max 0) by version, each read once from the key the
-    daemon keeps it under (`Store.policy_key`), for the RL results that played it: the same bytes as
+    daemon keeps it as (`policy_name`), for the RL results that played it: the same bytes as
     each result's own copy, read once per version instead of once per result."""
 
     def __init__(self, store: Store, keep: int = POLICIES_KEPT) -> None:
@@ -49,7 +49,7 @@ class PolicyCache:
         z = self._cache.get(version)
         if z is None:
             try:
-                z = self.store.get_individual(self.store.policy_key(version))
+                z = self.store.get_individual(policy_name(version))
             except CodecError:
                 return None
             self._cache[version] = z
@@ -75,8 +75,14 @@ def individual(res: Result, eps: np.ndarray | None, dists: DistCache, store: Sto
                          perturb=kernels.perturbation)
 
 
-def note_distance(res: Result, ind: noise.Individual, dists: DistCache) -> None:
-    """The dist_after of a result of the daemon's actor (`res.policy`), whose job reads no μ: ‖z − μ‖
-    for the version it was drawn from, where the scheduler still holds that μ (else it stays NaN)."""
-    if res.policy > 0 and (mu := dists.held(res.version)) is not None:
-        res.dist_after = float(np.linalg.norm(ind.z.astype(np.float64) - mu))
+def distance(res: Result, ind: noise.Individual, dists: DistCache) -> float:
+    """dist_after of an RL result: ‖z − μ‖ for the version its job was drawn from (how far training, or
+    the daemon's actor, is from it), NaN for ES or where that μ cannot be read. A started job keeps its
+    version's dist:{v} in Redis until it is told, so the read rarely misses."""
+    if res.kind != "rl":
+        return math.nan
+    try:
+        mu, _ = dists.get(res.version)
+    except CodecError:
+        return math.nan
+    return float(np.linalg.norm(ind.z.astype(np.float64) - mu))

@@ -165,10 +165,11 @@ policy = {"actor": (0.1 * rng.standard_normal(cfg.actor_dim)).astype(np.float32)
           "log_std": (0.1 * rng.standard_normal(cfg.actor_dim)).astype(np.float32)}
 store.publish_critic(1, policy)
 store.put_policy(1, policy["actor"], ttl=600)
+from aesrl_queue.store import policy_name
 received = []
 for job in ("no-torch-j1", "no-torch-j2", "no-torch-j3"):  # j1 loads the scripts and reads the config
     if job.endswith("3"):
-        client.delete(store.policy_key(1))  # gone: the job uploads its own copy
+        client.delete(store.individual_key(policy_name(1)))  # gone: the job uploads its own copy
     store.add_inflight(job, {"kind": "rl", "version": 0, "seed": 99, "n": 1})
     before = client.info("stats")["total_net_input_bytes"]
     evaluate(cfg.run_id, job, "rl", 0, 99, cfg.spec_hash, rl_steps=0, client=client)
@@ -192,7 +193,7 @@ print("torch" in sys.modules)
 def test_the_scheduler_reads_each_published_actor_once(client) -> None:
     """RL results that played the daemon's actor of one version are told that actor, read once from the
     daemon's key of it; a version whose key is gone (and not read before) is read from the result's copy."""
-    from aesrl_queue.store import Result, Store
+    from aesrl_queue.store import Result, Store, policy_name
     from scheduler.dists import DistCache
     from scheduler.results import PolicyCache, individual
 
@@ -207,8 +208,7 @@ def test_the_scheduler_reads_each_published_actor_once(client) -> None:
 
     def told(job: str, version: int) -> np.ndarray:
         res = Result(job=job, kind="rl", status="ok", version=0, seed=1, fitness=0.0, length=1, f_mu=0.0,
-                     f_mu_version=0, ind=(store.copy_individual(store.policy_key(version), job, 600)
-                                          or store.put_individual(job, actors[version], 600)),  # as a worker does
+                     f_mu_version=0, ind=store.put_individual(job, actors[version], 600, copy_of=policy_name(version)),
                      worker="w", spec_hash="", error="", eval_steps=0, duration=0.0, policy=version)
         return individual(res, None, dists, store, policies).z
 
@@ -217,7 +217,7 @@ def test_the_scheduler_reads_each_published_actor_once(client) -> None:
         np.testing.assert_array_equal(told(f"j{i}", 1), actors[1])
     assert gets() - before == 1
     z = told("j5", 2)
-    client.delete(store.policy_key(2))
+    client.delete(store.individual_key(policy_name(2)))
     z[:] = -1  # the caller's copy: the cache keeps its own
     np.testing.assert_array_equal(told("j6", 2), actors[2])
     assert policies.get(3) is None

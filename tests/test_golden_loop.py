@@ -122,7 +122,6 @@ def _trace(redis_url: str, case: str) -> list[dict]:
             z = (job_info["mu"] + np.random.default_rng(job_info["seed"] % 2**32).normal(0, 0.05, cfg.actor_dim)
                  ).astype(np.float32)
             fields["ind"] = store.put_individual(job, z, ttl=600)
-            fields["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - job_info["mu"]))
         n_steps = EPISODE_LEN * (2 if "mirror_len" in fields else 1)
         ep = {"obs": np.full((n_steps, cfg.obs_dim), i, np.float32), "act": np.zeros((n_steps, cfg.act_dim), np.float32),
               "rew": np.zeros(n_steps, np.float32), "next_obs": np.zeros((n_steps, cfg.obs_dim), np.float32),

@@ -40,6 +40,7 @@ from aesrl_queue.store import (
     Fanout,
     Store,
     decode_dist,
+    policy_name,
     run_token,
     same_run,
 )
@@ -114,7 +115,7 @@ class Outcome:
     transitions: dict[str, np.ndarray]
     mean_transitions: dict[str, np.ndarray] | None
     z: np.ndarray | None = None  # RL: the trained individual
-    extra: dict[str, float] = dataclasses.field(default_factory=dict)  # mirror_fitness/len; dist_after
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)  # mirror_fitness/len; policy
 
     @property
     def result(self) -> dict[str, Any]:
@@ -140,7 +141,6 @@ def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
     extra: dict[str, float] = {}
     behaviour = actor
     if kind == "rl" and cfg.rl_steps_max == 0:  # the critic daemon's own actor, as it published it
-        # (the scheduler, which holds μ, computes its dist_after)
         z = daemon_actor(inp.critic, cfg.actor_dim)
         behaviour = PolicyDraws(actor, inp.critic, cfg, np.random.default_rng(seeds.sampler))
     else:
@@ -148,7 +148,6 @@ def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
         z = individual.z
     if kind == "rl" and cfg.rl_steps_max:
         z = train(cfg, z, inp.critic, inp.sample_states, seeds, inp.rl_steps, inp.device)
-        extra["dist_after"] = float(np.linalg.norm(z.astype(np.float64) - inp.mu))
     actor.set_params(z)
     ep = run_episodes(cfg.env_id, None if inp.random_actions else behaviour, k=1, seed=seeds.start,
                       random_actions=inp.random_actions, store=True, env_kwargs=cfg.env_kwargs)
@@ -413,14 +412,14 @@ class _RunContext:
         replay stores μ's episodes as their own entry after the individual's, and counts them as
         stored steps; a run without one stores nothing and counts μ's steps as interactions only."""
         cfg, store = self.cfg, self.store
-        ttl, ind_key = max(600, cfg.job_timeout), ""
-        if out.z is not None and cfg.rl_steps_max == 0:
-            # the daemon's actor as it published it: copied inside Redis from the daemon's key of the
-            # version this job played, not uploaded (uploaded only when that version is gone)
-            ind_key = store.copy_individual(store.policy_key(self.critic_version), job, ttl) or ""
-            out.extra["policy"] = self.critic_version
-        if out.z is not None and not ind_key:
-            ind_key = store.put_individual(job, out.z, ttl=ttl)
+        ind_key = ""
+        if out.z is not None:
+            # the daemon's actor (rl_steps_max 0) as it published it: copied inside Redis from the daemon's
+            # key of the version this job played, uploaded only when that version is gone
+            copy_of = policy_name(self.critic_version) if cfg.rl_steps_max == 0 else None
+            if copy_of is not None:
+                out.extra["policy"] = self.critic_version
+            ind_key = store.put_individual(job, out.z, ttl=max(600, cfg.job_timeout), copy_of=copy_of)
         fields = dict(base, status="ok", **out.result, ind=ind_key, duration=time.monotonic() - t0)
         more = [(f"{job}:mu", out.mean_transitions)] if self.keeps_replay and out.mean_transitions is not None else []
         store.finish_job(out.transitions, job, fields, extra_interactions=0 if self.keeps_replay else out.eval_steps,
