@@ -11,7 +11,9 @@ missing, and no row is re-run.
 
 Run it with the frozen checkout's code and versions (the protocol's pins), from that checkout:
 
-    cd WORKTREE && PROTOCOL_VENV/bin/python /path/to/main/bench/learning_final.py
+    cd WORKTREE && PROTOCOL_VENV/bin/python /path/to/main/bench/learning_final.py [--protocol v2]
+
+The second protocol takes the same amendment: its learners alone (`--algo td3`) stop the same way.
 """
 
 from __future__ import annotations
@@ -68,12 +70,15 @@ def amend(results: Path, runs: Path, score, update) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path.cwd(), help="the frozen checkout (default: here)")
+    ap.add_argument("--protocol", choices=("v1", "v2"), default="v1",
+                    help="v1: learning-protocol.json (the default); v2: learning-protocol-v2.json")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(args.root))
     from bench.learning import score_snapshot, update  # the frozen code's scorer and locked writer
 
     results = args.root / "bench" / "results"
-    for line in amend(results / "learning-protocol.json", results / "learning-protocol", score_snapshot, update):
+    stem = {"v1": "learning-protocol", "v2": "learning-protocol-v2"}[args.protocol]
+    for line in amend(results / f"{stem}.json", results / stem, score_snapshot, update):
         print(line)
     return 0
 
