@@ -115,9 +115,14 @@ def _interrupt_a_run_with_rl_jobs_in_hand(tmp_path: Path, presses: int) -> tuple
     from aesrl_queue.store import live_workers
 
     out, err_path = tmp_path / "runs", tmp_path / "run.err"
+    # RL jobs that train an actor (seconds of torch each): the default's RL jobs play the daemon's actor
+    # in milliseconds, and the case here is a worker busy in one when Ctrl-C comes
+    trains = tmp_path / "trains.json"
+    trains.write_text(json.dumps({"rl_steps_max": 2000}))
     err = open(err_path, "w")  # noqa: SIM115
-    launcher = subprocess.Popen([*RUN, "--run-id", "cc", "--out", str(out)], stdout=subprocess.PIPE, stderr=err,
-                                env=child_env(), cwd=ROOT, text=True, preexec_fn=default_sigint)
+    launcher = subprocess.Popen([*RUN, "--run-id", "cc", "--out", str(out), "--config", str(trains)],
+                                stdout=subprocess.PIPE, stderr=err, env=child_env(), cwd=ROOT, text=True,
+                                preexec_fn=default_sigint)
     try:
         def url():
             m = re.search(r"embedded Redis on (redis://\S+)", err_path.read_text())
