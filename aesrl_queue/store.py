@@ -253,6 +253,12 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         policy=num("policy", int, 0),
     )
 
+def individual_ttl(cfg: RunConfig) -> int:
+    """Seconds an individual (`ind:{job}`, the daemon's `policy_name` actors) outlives its writer's last
+    touch: a scheduler that is down for ten minutes, or a job's whole timeout, still finds it."""
+    return max(600, int(cfg.job_timeout))
+
+
 def policy_name(version: int) -> str:
     """The individual (`Store.get_individual`) the critic daemon's actor of critic `version` is kept as
     (rl_steps_max 0: RL jobs copy it as theirs, the scheduler reads it once)."""

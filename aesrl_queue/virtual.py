@@ -61,7 +61,7 @@ from aesrl_queue.local import write_run_folder
 from aesrl_queue.metrics import MetricsWriter
 from aesrl_queue.optimizers import QUEUE_ALGOS, needs_critic_daemon
 from aesrl_queue.redis_server import RedisServer
-from aesrl_queue.store import Store, VirtualJobs
+from aesrl_queue.store import Store, VirtualJobs, individual_ttl
 from scheduler.loop import Scheduler
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def run_held_job(client, kwargs: dict[str, Any]) -> HeldJob:
     individual = None
     if result.get("ind"):
         individual = store.get_individual(result["ind"])
-    ttl = max(600, store.config().job_timeout)
+    ttl = individual_ttl(store.config())
 
     def report(worker: str, duration: float) -> str | None:
         result.update(worker=worker, duration=duration)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from operator import itemgetter
 
 import numpy as np
 import redis
@@ -21,7 +22,7 @@ from aesrl_queue.config import critic_due
 from aesrl_queue.connection import FANOUT_ENV, wait_until_reachable
 from aesrl_queue.learners import Agent, make_learner
 from aesrl_queue.nets import NetSpec, set_flat
-from aesrl_queue.store import FANOUT_FIELD, Fanout, Store
+from aesrl_queue.store import FANOUT_FIELD, Fanout, Store, individual_ttl
 from aesrl_queue.td3 import ReplayBuffer, pick_device
 
 log = logging.getLogger(__name__)
@@ -157,29 +158,27 @@ class CriticDaemon:
             except RuntimeError as exc:  # a torch or driver that cannot capture: train step by step
                 log.warning("critic on %s: CUDA graph failed (%s); training without one", self.device, exc)
                 self.cuda_graph, self.graph = False, None
-        cfg = self.cfg
+        return self._eager(n, lambda batch: self.learner.critic_step(batch, self.target_actor).tolist())
+
+    def _eager(self, n: int, step) -> dict[str, float]:
+        """n steps without a graph, each `step(batch)` -> (loss, Q1 mean) on a batch sampled from the mirror."""
         losses = []
         t0 = time.perf_counter()
         for _ in range(n):
-            batch = self.buffer.sample(cfg.batch_size, generator=self.gen)
-            loss, q1_mean = self.learner.critic_step(batch, self.target_actor).tolist()
+            loss, q1_mean = step(self.buffer.sample(self.cfg.batch_size, generator=self.gen))
             losses.append(loss)
         return self._chunk_done(n, t0, float(np.mean(losses)), q1_mean)
 
     def _train_agent(self, n: int) -> dict[str, float]:
         """n iterations of the daemon's own actor and critic (a policy step every policy_delay); on CUDA
         all but the last replayed from the Agent's captured graphs, the last eager for its loss and Q1."""
-        t0 = time.perf_counter()
         if self.cuda_graph:
+            t0 = time.perf_counter()
             for _ in range(n - 1):
                 self.agent.graph_step(self.buffer, self.cfg.batch_size)
             out = self.agent.train_step(self.buffer.sample(self.cfg.batch_size, generator=self.gen))
             return self._chunk_done(n, t0, out["loss"], out["q1_mean"])
-        losses = []
-        for _ in range(n):
-            out = self.agent.train_step(self.buffer.sample(self.cfg.batch_size, generator=self.gen))
-            losses.append(out["loss"])
-        return self._chunk_done(n, t0, float(np.mean(losses)), out["q1_mean"])
+        return self._eager(n, lambda batch: itemgetter("loss", "q1_mean")(self.agent.train_step(batch)))
 
     def _graph_step(self) -> torch.Tensor:
         cfg = self.cfg
@@ -242,7 +241,7 @@ class CriticDaemon:
         pipe = self.r.pipeline()
         self.store.publish_critic(self.version, weights, pipe=pipe)
         if actor is not None:  # on the primary, for RL jobs to copy as their individuals
-            self.store.put_policy(self.version, actor, ttl=max(600, self.cfg.job_timeout), pipe=pipe)
+            self.store.put_policy(self.version, actor, ttl=individual_ttl(self.cfg), pipe=pipe)
         self.store.set_state(pipe=pipe, critic_version=self.version, critic_steps=self.trained,
                              critic_loss=stats["loss"], critic_updated_at=time.time(),
                              critic_steps_per_s=round(self.steps_per_s, 1), critic_device=str(self.device),

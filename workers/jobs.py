@@ -40,6 +40,7 @@ from aesrl_queue.store import (
     Fanout,
     Store,
     decode_dist,
+    individual_ttl,
     policy_name,
     run_token,
     same_run,
@@ -419,7 +420,7 @@ class _RunContext:
             copy_of = policy_name(self.critic_version) if cfg.rl_steps_max == 0 else None
             if copy_of is not None:
                 out.extra["policy"] = self.critic_version
-            ind_key = store.put_individual(job, out.z, ttl=max(600, cfg.job_timeout), copy_of=copy_of)
+            ind_key = store.put_individual(job, out.z, ttl=individual_ttl(cfg), copy_of=copy_of)
         fields = dict(base, status="ok", **out.result, ind=ind_key, duration=time.monotonic() - t0)
         more = [(f"{job}:mu", out.mean_transitions)] if self.keeps_replay and out.mean_transitions is not None else []
         store.finish_job(out.transitions, job, fields, extra_interactions=0 if self.keeps_replay else out.eval_steps,
