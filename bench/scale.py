@@ -44,16 +44,26 @@ from rq.timeouts import BaseDeathPenalty  # noqa: E402
 
 from aesrl_queue import codec  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
-from aesrl_queue.store import OBS, REPLAY, Fanout, Store, live_workers  # noqa: E402
+from aesrl_queue.store import OBS, REPLAY, Fanout, Store, live_workers, policy_name  # noqa: E402
 from bench.overhead import Children, proc_cpu_s  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale.json"
 # obs 3 (AesrlSleep-v0), act 1: 3·423+423 + 423·300+300 + 300+1 = 129,193 parameters, the size of
 # HalfCheetah's 400-300 actor (129,306): μ and var are 1.03 MB per version.
 HIDDEN = (423, 300)
+ACTOR_PARAMS = 4 * HIDDEN[0] + HIDDEN[0] * HIDDEN[1] + 2 * HIDDEN[1] + 1
 # The stored episode has HalfCheetah's shapes (obs 17, act 6, 1000 steps: 168 KB), although the
 # simulated environment is AesrlSleep-v0: what matters to Redis is the bytes.
 EP_OBS, EP_ACT = 17, 6
+# The job shape the hosts simulate, as run settings. "default": the defaults' (an ES job plays z and its
+# mirror and stores both episodes; an RL job plays the critic daemon's published actor and log-std, reads no
+# μ/var, critic or replay, and its individual is copied inside Redis). "trains": the first defaults' (single
+# ES individuals with f(μ) in the result, RL jobs that read the critic and the replay's observations and train
+# an individual they upload), the shape of the rows measured before the default changed.
+SHAPES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "trains": {"es_antithetic": False, "rl_steps_max": 2000, "learner": "td3", "critic_lag": 5000},
+}
 MODES = {
     # ES-only worker counts without / with a replica per host; the same for the RL mix; seconds.
     "quick": {"workers": (8, 32, 128), "replicas": (128,), "rl_workers": (), "rl_replicas": (),
@@ -79,19 +89,19 @@ class NoDeathPenalty(BaseDeathPenalty):
         pass
 
 
-_EPISODE: dict[str, np.ndarray] = {}
+_EPISODE: dict[int, dict[str, np.ndarray]] = {}
 _LOCAL = threading.local()
 
 
 def _episode(length: int) -> dict[str, np.ndarray]:
-    if not _EPISODE:
+    if length not in _EPISODE:
         rng = np.random.default_rng(0)
-        _EPISODE.update(obs=rng.standard_normal((length, EP_OBS), np.float32),
-                        act=rng.uniform(-1, 1, (length, EP_ACT)).astype(np.float32),
-                        rew=rng.standard_normal(length).astype(np.float32),
-                        next_obs=rng.standard_normal((length, EP_OBS), np.float32),
-                        done=np.zeros(length, np.float32))
-    return _EPISODE
+        _EPISODE[length] = dict(obs=rng.standard_normal((length, EP_OBS), np.float32),
+                                act=rng.uniform(-1, 1, (length, EP_ACT)).astype(np.float32),
+                                rew=rng.standard_normal(length).astype(np.float32),
+                                next_obs=rng.standard_normal((length, EP_OBS), np.float32),
+                                done=np.zeros(length, np.float32))
+    return _EPISODE[length]
 
 
 def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, train_s: float, run: str, job: str,
@@ -107,28 +117,40 @@ def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, 
     if ctx is None or ctx.store.run_id != run:
         ctx = _LOCAL.ctx = jobs._RunContext(client, run)
     info = codec.pack({"worker": threading.current_thread().name, "t": time.time()})
-    started = ctx.begin(job, info)  # the start script; μ/var from the replica or the primary
+    cfg = ctx.cfg
+    plays = kind == "rl" and cfg.rl_steps_max == 0  # the default's RL job: it plays the daemon's actor
+    started = ctx.begin(job, info, dist=not plays)  # the start script; μ/var from the replica or the primary
     if started is None:
         return {"job": job, "skipped": True}
     version, mu, _var = started
     rng = np.random.default_rng(seed)
-    ind_key, f_mu_version = "", version
-    if kind == "rl":
+    ind_key, f_mu, f_mu_version, more = "", float(0.25 * rng.standard_normal()), version, {}
+    episode = _episode(episode_len)
+    if plays:  # the published policy (actor and log-std), read once per version as workers.jobs reads it
+        ctx.load_critic("cpu")
+        f_mu, f_mu_version, more["policy"] = math.nan, -1, ctx.critic_version
+    elif kind == "rl":
         _rl_reads(ctx)
         time.sleep(train_s * float(rng.uniform(0.8, 1.2)))
         ind_key = ctx.store.put_individual(job, mu, ttl=600)  # any finite vector of the right size
-    time.sleep(episode_s * float(rng.uniform(0.8, 1.2)))
-    if kind == "rl":
+    elif cfg.es_antithetic:  # z and its mirror: both episodes stored, their mean is f(μ)
+        episode = _episode(2 * episode_len)
+        more.update(mirror_fitness=float(rng.standard_normal()), mirror_len=episode_len)
+    time.sleep(episode_s * len(episode["rew"]) / episode_len * float(rng.uniform(0.8, 1.2)))
+    if kind == "rl" and not plays:
         got = ctx.read_current_mu()
         f_mu_version = got[0] if got else -1
+    if plays:  # copied inside Redis from the daemon's key of that version (uploaded only when it is gone)
+        ind_key = ctx.store.put_individual(job, np.zeros(cfg.actor_dim, np.float32), ttl=600,
+                                           copy_of=policy_name(ctx.critic_version))
     # A fitness around a fixed level: baseline-relative then moves μ for ~83% of the results.
     fields = {"job": job, "kind": kind, "version": version, "seed": seed, "worker": threading.current_thread().name,
               "spec_hash": spec_hash, "rl_steps": rl_steps, "status": "ok", "fitness": float(rng.standard_normal()),
-              "len": episode_len, "f_mu": float(0.25 * rng.standard_normal()), "f_mu_version": f_mu_version,
-              "ind": ind_key, "eval_steps": 0, "duration": time.monotonic() - t0, "train_time": train_s}
-    ctx.store.finish_job(_episode(episode_len), job, fields, keep=ctx.keeps_replay)  # as workers.jobs does
-    if ctx.fan is not None and ctx.keeps_replay:  # and the observations, to a run's fan-out instance
-        ctx.fan.append_obs([(job, _episode(episode_len))])
+              "len": episode_len, "f_mu": f_mu, "f_mu_version": f_mu_version,
+              "ind": ind_key, "eval_steps": 0, "duration": time.monotonic() - t0, "train_time": train_s, **more}
+    ctx.store.finish_job(episode, job, fields, keep=ctx.keeps_replay)  # as workers.jobs does
+    if ctx.fan is not None and ctx.keeps_replay and cfg.rl_steps_max:  # the observations RL jobs sample
+        ctx.fan.append_obs([(job, episode)])
     return {"job": job}
 
 
@@ -275,6 +297,7 @@ class Point:
         self.servers: list[RedisServer] = []
         self.host_replicas: list = []
         self.stop = threading.Event()
+        self.daemon_bytes = 0  # what the critic stand-in read of the replay (RL mix)
 
     def run(self) -> dict[str, Any]:
         try:
@@ -330,9 +353,7 @@ class Point:
             "env_id": "AesrlSleep-v0", "algo": "aesrl", "rl_ratio": self.rl_share, "hidden": list(HIDDEN), "r": 1.0,
             "env_kwargs": {"episode_len": args.episode_len, "mean_s": args.episode_s}, "total_steps": 10**12,
             "mean_eval_episodes": 1, "initial_steps": 0,
-            # the job shape its hosts simulate: aesrl's first defaults (single ES individuals with f(μ) in
-            # the result, RL jobs that train a sample against the published critic)
-            "es_antithetic": False, "rl_steps_max": 2000, "learner": "td3", "critic_lag": 5000,
+            **SHAPES[args.shape],
         }))
         if self.rl_share > 0:  # a stand-in for the critic daemon: new weights every critic_every seconds
             threading.Thread(target=self._publish_critic, args=(primary.url, run_id, fan.url if fan else None),
@@ -377,7 +398,8 @@ class Point:
                     "net": _sum(net_bytes(c) for c in [client] + ([fan_client] if fan_client else [])),
                     "fan_net": net_bytes(fan_client) if fan_client else {"in": 0, "out": 0, "repl_out": 0},
                     "usec": {name: command_usec(c) for name, c in (("primary", client), ("fanout", fan_client)) if c},
-                    "cmds": int(client.info("stats")["total_commands_processed"]),
+                    "cmds": int(client.info("stats")["total_commands_processed"]), "daemon": self.daemon_bytes,
+                    "copies": int(client.info("commandstats").get("cmdstat_copy", {}).get("calls", 0)),
                     "rep_hits": sum(int(x["keyspace_hits"]) for x in rep_stats),
                     "rep_misses": sum(int(x["keyspace_misses"]) for x in rep_stats),
                     "fallbacks": sum(read_stats(self.tmp / f"host{h}.json").get("primary", 0) for h in range(len(reps)))}
@@ -408,12 +430,22 @@ class Point:
         durations = sorted(float(h.get("duration", 0.0)) for h in hist)
         net = {k: (b["net"][k] - a["net"][k]) for k in a["net"]}
         rate = applied / dt
-        ideal = self.n / (args.episode_s + self.rl_share * args.train_s)
+        # a job's mean seconds: an antithetic ES job plays two episodes, an RL job of the default's shape
+        # trains nothing
+        es_s = args.episode_s * (2 if SHAPES[args.shape].get("es_antithetic", True) else 1)
+        rl_s = args.episode_s + (args.train_s if SHAPES[args.shape].get("rl_steps_max", 0) else 0.0)
+        share = sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist))
+        ideal = self.n / ((1 - share) * es_s + share * rl_s)
         per = max(1, applied)
+        # the critic stand-in's replay reads leave the primary for the daemon's host, not the workers'
+        daemon = b["daemon"] - a["daemon"]
+        net["out"] -= daemon
         return {
             "workers": self.n, "replicas": len(reps), "copy": self.copy or "none", "hosts": n_hosts,
-            "rl_share_target": self.rl_share,
-            "rl_share": sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist)),
+            "shape": args.shape, "rl_share_target": self.rl_share, "rl_share": share,
+            "daemon_MB_per_result": daemon / per / 1e6,
+            # RL individuals copied inside the primary from the daemon's published actor (the default's shape)
+            "copies_per_rl_result": (b["copies"] - a["copies"]) / max(1, share * applied),
             "results_per_s": rate, "ideal_per_s": ideal,
             "efficiency": rate / ideal, "versions_per_result": (b["version"] - a["version"]) / per,
             "published_per_s": seen["changes"] / dt,
@@ -460,20 +492,41 @@ class Point:
 
 
     def _publish_critic(self, url: str, run_id: str, fan_url: str | None = None) -> None:
+        """A stand-in for the critic daemon: it publishes what the daemon publishes every critic_every
+        seconds and reads the replay stream as the daemon mirrors it (its bytes counted in
+        self.daemon_bytes: they go to the daemon's host, not to the workers' hosts)."""
         store = Store(redis.Redis.from_url(url), run_id)
         fan = Fanout(store, redis.Redis.from_url(fan_url)) if fan_url else None
-        weights = {"critic": np.zeros(CRITIC_PARAMS, np.float32), "critic_target": np.zeros(CRITIC_PARAMS, np.float32)}
-        version = 0
+        plays = not SHAPES[self.args.shape].get("rl_steps_max", 0)
+        while not self.stop.is_set():  # the scheduler writes the config
+            with contextlib.suppress(codec.CodecError):
+                size = store.config().actor_dim
+                break
+            self.stop.wait(0.1)
+        if plays:  # the daemon's policy: the actor and crossq-sac's log-std network (the actor's shape)
+            weights = {"actor": np.zeros(size, np.float32), "log_std": np.zeros(size, np.float32)}
+        else:
+            weights = {"critic": np.zeros(CRITIC_PARAMS, np.float32),
+                       "critic_target": np.zeros(CRITIC_PARAMS, np.float32)}
+        version, last, due = 0, "0-0", 0.0
         while not self.stop.is_set():
-            version += 1
-            with contextlib.suppress(redis.RedisError, codec.CodecError):  # CodecError: no config yet
-                # What the critic daemon writes: the weights, and in the state its version and a step
-                # count that keeps up with the replay (the scheduler then never holds jobs for it).
-                if fan is not None:  # as the critic daemon does with a fan-out instance: weights there
-                    fan.publish_critic(version, weights)
-                store.publish_critic(version, None if fan is not None else weights)
-                store.set_state(critic_version=version, critic_steps=10**12)
-            self.stop.wait(self.args.critic_every)
+            with contextlib.suppress(redis.RedisError):
+                while rows := store.read_stream(REPLAY, last, count=500):
+                    last = rows[-1][0]
+                    self.daemon_bytes += sum(len(v) for _, f in rows for v in f.values())
+                if time.monotonic() >= due:
+                    due, version = time.monotonic() + self.args.critic_every, version + 1
+                    # What the daemon writes: the weights, its actor for RL jobs to copy, and in the state
+                    # its version and a step count that keeps up with the replay (no job is held for it).
+                    if fan is not None:  # weights to the fan-out instance, the primary names the version
+                        fan.publish_critic(version, weights)
+                    pipe = store.r.pipeline()
+                    store.publish_critic(version, None if fan is not None else weights, pipe=pipe)
+                    if plays:
+                        store.put_policy(version, weights["actor"], ttl=600, pipe=pipe)
+                    store.set_state(pipe=pipe, critic_version=version, critic_steps=10**12)
+                    pipe.execute()
+            self.stop.wait(0.1)
 
 
 # == report =================================================================================================
@@ -664,8 +717,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "knee_rl_mix": find_knee(rows, cores, args.rl_share), "capacity": capacity(rows, args.loop),
         "settings": {"episode_s": args.episode_s, "episode_len": args.episode_len, "per_host": args.per_host,
                      "train_s": args.train_s, "rl_share": args.rl_share, "critic_every_s": args.critic_every,
-                     "critic_bytes": 2 * CRITIC_PARAMS * 4,
-                     "hidden": list(HIDDEN), "actor_params": 4 * HIDDEN[0] + HIDDEN[0] * HIDDEN[1] + 2 * HIDDEN[1] + 1,
+                     "shape": args.shape, "job_settings": SHAPES[args.shape],
+                     # what the critic stand-in publishes per version: the critic and its target, or (the
+                     # default's shape) the actor and its log-std network, both of the actor's size
+                     "critic_bytes": 2 * (ACTOR_PARAMS if args.shape == "default" else CRITIC_PARAMS) * 4,
+                     "hidden": list(HIDDEN), "actor_params": ACTOR_PARAMS,
                      "episode_bytes": args.episode_len * (2 * EP_OBS + EP_ACT + 2) * 4,
                      "warm_s": args.warm, "window_s": args.window},
         "machine": {"cores": cores, "python": platform.python_version(), "redis_server": find_redis_server(),
@@ -699,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="worker counts (ES) with one replica per host following a fan-out instance beside the primary")
     ap.add_argument("--rl-fanout-workers", default=None,
                     help="worker counts of the RL mix with one replica per host following a fan-out instance")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="default",
+                    help="the jobs' Redis traffic: the defaults' (default) or RL jobs that train (trains)")
     ap.add_argument("--rl-share", type=float, default=0.5, help="target share of RL jobs in the RL mix")
     ap.add_argument("--train-s", type=float, default=1.0, help="seconds an RL job sleeps for its training")
     ap.add_argument("--critic-every", type=float, default=2.0, help="seconds between critic publications (RL mix)")
