@@ -35,6 +35,7 @@ def test_race_runs_aesrl_beside_td3_and_tables_f_mu_against_wall_clock(tmp_path)
     assert res["exit"] == {"aesrl": 143, "td3": 143}  # both ran the whole time, then took SIGTERM
     for algo in ("aesrl", "td3"):
         run = res["runs"][algo]
+        assert "error" not in run, run  # its run folder could not be read (a run that did not start)
         assert run["steps"] > 400 and run["evals"], run  # past the random phase, with f(μ) evaluations
         assert (tmp_path / f"{algo}-gpu" / "summary.json").is_file()
         # μ every 5 s once the run has announced its Redis (a loaded machine can take 20 s to start
