@@ -381,7 +381,9 @@ class Point:
         deadline = time.monotonic() + 60 + 5 * args.episode_s + want / 5
         while not store.exists() or store.state_field("results_applied") < want:
             if sched.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the scheduler stopped or stalled:\n{self.kids.log_tail('scheduler')}")
+                raise RuntimeError(f"the scheduler stopped or stalled at {store.state_field('results_applied')} of "
+                                   f"{want} results:\n{self.kids.log_tail('scheduler')}\n"
+                                   + "\n".join(self.kids.log_tail(f"host{h}") for h in range(len(hosts))))
             time.sleep(0.1)
         time.sleep(args.warm)
 

@@ -136,30 +136,3 @@ def test_capacity_takes_bytes_per_result_and_the_loop_thread():
     assert one["bound_by"] == "link" and one["fixed_MBps"] == 0.0
     assert one["out_MB_per_result_per_host_there"] == pytest.approx(0.45 / 4)
 
-
-@pytest.mark.slow
-def test_scale_simulates_the_defaults_rl_jobs_and_the_first_shape(tmp_path):
-    """An RL point with a fan-out instance in each job shape: the default's RL jobs copy the daemon's
-    published actor inside the primary and read no replay; the first shape's upload what they train."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env.pop("AESRL_REDIS_URL", None)
-    env.pop("AESRL_READ_URL", None)
-    rows = {}
-    for shape in ("default", "trains"):
-        out = tmp_path / f"{shape}.json"
-        proc = subprocess.run([sys.executable, "bench/scale.py", "--shape", shape, "--workers", "", "--replica-workers",
-                               "", "--rl-workers", "", "--rl-replica-workers", "", "--fanout-workers", "",
-                               "--rl-fanout-workers", "8", "--per-host", "4", "--rl-share", "0.9", "--train-s", "0.2",
-                               "--episode-s", "0.3", "--warm", "1", "--window", "3", "--out", str(out)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        (rows[shape],) = json.loads(out.read_text())["rows"]
-    for shape, r in rows.items():
-        assert r["shape"] == shape and r["copy"] == "fanout" and r["hosts"] == 2 and r["applied"] > 0, r
-        assert r["rl_share"] > 0.5 and r["daemon_MB_per_result"] > 0, r  # the critic stand-in mirrors the replay
-    # every default RL individual is a copy of the published actor; the first shape's are uploads
-    assert rows["default"]["copies_per_rl_result"] == pytest.approx(1.0, abs=0.35), rows["default"]
-    assert rows["trains"]["copies_per_rl_result"] == 0, rows["trains"]
-    # the default's RL jobs sample no replay: no observations appended to the fan-out instance
-    assert "xadd" not in rows["default"]["command_us_per_result"]["fanout"], rows["default"]
-    assert rows["trains"]["command_us_per_result"]["fanout"].get("xadd", 0) > 0, rows["trains"]
