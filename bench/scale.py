@@ -127,7 +127,13 @@ def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, 
     ind_key, f_mu, f_mu_version, more = "", float(0.25 * rng.standard_normal()), version, {}
     episode = _episode(episode_len)
     if plays:  # the published policy (actor and log-std), read once per version as workers.jobs reads it
-        ctx.load_critic("cpu")
+        try:
+            ctx.load_critic("cpu")
+        except jobs.JobRejected as exc:  # reported failed, as workers.jobs.evaluate reports it: asked again
+            ctx.store.append_result({"job": job, "kind": kind, "version": version, "seed": seed, "spec_hash": spec_hash,
+                                     "worker": threading.current_thread().name, "status": "failed",
+                                     "error": f"JobRejected: {exc}", "duration": time.monotonic() - t0})
+            raise
         f_mu, f_mu_version, more["policy"] = math.nan, -1, ctx.critic_version
     elif kind == "rl":
         _rl_reads(ctx)
