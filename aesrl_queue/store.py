@@ -253,6 +253,7 @@ def decode_result(entry_id: bytes | str, fields: dict) -> Result:
         policy=num("policy", int, 0),
     )
 
+
 def individual_ttl(cfg: RunConfig) -> int:
     """Seconds an individual (`ind:{job}`, the daemon's `policy_name` actors) outlives its writer's last
     touch: a scheduler that is down for ten minutes, or a job's whole timeout, still finds it."""

@@ -35,8 +35,7 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
     # the first defaults' ES job (one episode of 1 s): with the default's pairs (2 s) the versions a host
     # receives per result double and the replicas' saving below is no longer clear of its bound
     proc = subprocess.run([sys.executable, "bench/scale.py", "--quick", "--shape", "trains", "--out", str(out)],
-                          cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=400)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     data = json.loads(out.read_text())
     assert data["benchmark"] == "scale" and data["mode"] == "quick"
@@ -137,4 +136,3 @@ def test_capacity_takes_bytes_per_result_and_the_loop_thread():
     assert one["limits"]["redis"] == pytest.approx(2000.0) and one["limits"]["scheduler"] == pytest.approx(1000.0)
     assert one["bound_by"] == "link" and one["fixed_MBps"] == 0.0
     assert one["out_MB_per_result_per_host_there"] == pytest.approx(0.45 / 4)
-
