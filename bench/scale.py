@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -43,8 +44,9 @@ from rq.job import Job  # noqa: E402
 from rq.timeouts import BaseDeathPenalty  # noqa: E402
 
 from aesrl_queue import codec  # noqa: E402
+from aesrl_queue.config import RunConfig  # noqa: E402
 from aesrl_queue.redis_server import RedisServer, find_redis_server  # noqa: E402
-from aesrl_queue.store import OBS, REPLAY, Fanout, Store, live_workers, policy_name  # noqa: E402
+from aesrl_queue.store import OBS, REPLAY, Fanout, Store, individual_ttl, live_workers, policy_name  # noqa: E402
 from bench.overhead import Children, proc_cpu_s  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale.json"
@@ -64,6 +66,15 @@ SHAPES: dict[str, dict[str, Any]] = {
     "default": {},
     "trains": {"es_antithetic": False, "rl_steps_max": 2000, "learner": "td3", "critic_lag": 5000},
 }
+
+
+def shape_setting(shape: str, name: str) -> Any:
+    """The RunConfig setting `name` under `shape`: its override, else RunConfig's default."""
+    if name in SHAPES[shape]:
+        return SHAPES[shape][name]
+    return next(f.default for f in dataclasses.fields(RunConfig) if f.name == name)
+
+
 MODES = {
     # ES-only worker counts without / with a replica per host; the same for the RL mix; seconds.
     "quick": {"workers": (8, 32, 128), "replicas": (128,), "rl_workers": (), "rl_replicas": (),
@@ -107,7 +118,8 @@ def _episode(length: int) -> dict[str, np.ndarray]:
 def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, train_s: float, run: str, job: str,
                        kind: str, version: int, seed: int, spec_hash: str, rl_steps: int = 0,
                        random_actions: bool = False) -> dict[str, Any]:
-    """An ES or RL job's Redis traffic (as workers.jobs does it) with sleeps where episodes and training run."""
+    """An ES or RL job's Redis traffic (as workers.jobs does it) with sleeps where episodes and training run;
+    one that fails is reported as a failed result and raises, as workers.jobs.evaluate does."""
     from workers import jobs
 
     t0 = time.monotonic()
@@ -116,6 +128,17 @@ def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, 
     ctx = getattr(_LOCAL, "ctx", None)
     if ctx is None or ctx.store.run_id != run:
         ctx = _LOCAL.ctx = jobs._RunContext(client, run)
+    try:
+        return _simulated_job(ctx, episode_s, episode_len, train_s, job, kind, seed, spec_hash, rl_steps, t0)
+    except Exception as exc:  # reported failed, as workers.jobs.evaluate reports it: the scheduler asks again
+        ctx.store.append_result({"job": job, "kind": kind, "version": version, "seed": seed, "spec_hash": spec_hash,
+                                 "worker": threading.current_thread().name, "status": "failed",
+                                 "error": f"{type(exc).__name__}: {exc}"[:2000], "duration": time.monotonic() - t0})
+        raise
+
+
+def _simulated_job(ctx, episode_s: float, episode_len: int, train_s: float, job: str, kind: str, seed: int,
+                   spec_hash: str, rl_steps: int, t0: float) -> dict[str, Any]:
     info = codec.pack({"worker": threading.current_thread().name, "t": time.time()})
     cfg = ctx.cfg
     plays = kind == "rl" and cfg.rl_steps_max == 0  # the default's RL job: it plays the daemon's actor
@@ -127,18 +150,12 @@ def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, 
     ind_key, f_mu, f_mu_version, more = "", float(0.25 * rng.standard_normal()), version, {}
     episode = _episode(episode_len)
     if plays:  # the published policy (actor and log-std), read once per version as workers.jobs reads it
-        try:
-            ctx.load_critic("cpu")
-        except jobs.JobRejected as exc:  # reported failed, as workers.jobs.evaluate reports it: asked again
-            ctx.store.append_result({"job": job, "kind": kind, "version": version, "seed": seed, "spec_hash": spec_hash,
-                                     "worker": threading.current_thread().name, "status": "failed",
-                                     "error": f"JobRejected: {exc}", "duration": time.monotonic() - t0})
-            raise
+        ctx.load_critic("cpu")
         f_mu, f_mu_version, more["policy"] = math.nan, -1, ctx.critic_version
     elif kind == "rl":
         _rl_reads(ctx)
         time.sleep(train_s * float(rng.uniform(0.8, 1.2)))
-        ind_key = ctx.store.put_individual(job, mu, ttl=600)  # any finite vector of the right size
+        ind_key = ctx.store.put_individual(job, mu, ttl=individual_ttl(cfg))  # any finite vector of the right size
     elif cfg.es_antithetic:  # z and its mirror: both episodes stored, their mean is f(μ)
         episode = _episode(2 * episode_len)
         more.update(mirror_fitness=float(rng.standard_normal()), mirror_len=episode_len)
@@ -147,7 +164,7 @@ def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, 
         got = ctx.read_current_mu()
         f_mu_version = got[0] if got else -1
     if plays:  # copied inside Redis from the daemon's key of that version (uploaded only when it is gone)
-        ind_key = ctx.store.put_individual(job, np.zeros(cfg.actor_dim, np.float32), ttl=600,
+        ind_key = ctx.store.put_individual(job, np.zeros(cfg.actor_dim, np.float32), ttl=individual_ttl(cfg),
                                            copy_of=policy_name(ctx.critic_version))
     # A fitness around a fixed level: baseline-relative then moves μ for ~83% of the results.
     fields = {"job": job, "kind": kind, "version": version, "seed": seed, "worker": threading.current_thread().name,
@@ -440,8 +457,8 @@ class Point:
         rate = applied / dt
         # a job's mean seconds: an antithetic ES job plays two episodes, an RL job of the default's shape
         # trains nothing
-        es_s = args.episode_s * (2 if SHAPES[args.shape].get("es_antithetic", True) else 1)
-        rl_s = args.episode_s + (args.train_s if SHAPES[args.shape].get("rl_steps_max", 0) else 0.0)
+        es_s = args.episode_s * (2 if shape_setting(args.shape, "es_antithetic") else 1)
+        rl_s = args.episode_s + (args.train_s if shape_setting(args.shape, "rl_steps_max") else 0.0)
         share = sum(1 for h in hist if h.get("kind") == "rl") / max(1, len(hist))
         ideal = self.n / ((1 - share) * es_s + share * rl_s)
         per = max(1, applied)
@@ -505,11 +522,15 @@ class Point:
         self.daemon_bytes: they go to the daemon's host, not to the workers' hosts)."""
         store = Store(redis.Redis.from_url(url), run_id)
         fan = Fanout(store, redis.Redis.from_url(fan_url)) if fan_url else None
-        plays = not SHAPES[self.args.shape].get("rl_steps_max", 0)
-        while not self.stop.is_set():  # the scheduler writes the config
+        plays = not shape_setting(self.args.shape, "rl_steps_max")
+        # The daemon publishes once the random phase's steps are stored: after the scheduler's set-up, which
+        # empties the run's keys on a fan-out instance (an earlier namesake's). A stand-in that published
+        # before it would see its first version deleted there while the primary names it.
+        while not self.stop.is_set():
             with contextlib.suppress(codec.CodecError):
-                size = store.config().actor_dim
-                break
+                if store.status() == "running":
+                    size = store.config().actor_dim
+                    break
             self.stop.wait(0.1)
         if plays:  # the daemon's policy: the actor and crossq-sac's log-std network (the actor's shape)
             weights = {"actor": np.zeros(size, np.float32), "log_std": np.zeros(size, np.float32)}
@@ -531,7 +552,7 @@ class Point:
                     pipe = store.r.pipeline()
                     store.publish_critic(version, None if fan is not None else weights, pipe=pipe)
                     if plays:
-                        store.put_policy(version, weights["actor"], ttl=600, pipe=pipe)
+                        store.put_policy(version, weights["actor"], ttl=individual_ttl(store.config()), pipe=pipe)
                     store.set_state(pipe=pipe, critic_version=version, critic_steps=10**12)
                     pipe.execute()
             self.stop.wait(0.1)
