@@ -324,6 +324,35 @@ def test_a_restarted_critic_daemon_never_reuses_a_number_the_fanout_holds(primar
     assert ctx_weights is not None and ctx_weights[0] == 6
 
 
+def test_the_daemons_first_actor_waits_for_the_schedulers_set_up(primary, fanout, fresh):
+    """With no random phase (initial_steps 0) the daemon's untrained actor is due at once; it is published
+    only once the scheduler's set-up is done, which empties the run's keys on the fan-out instance: one
+    published before would be deleted there while the primary names it, and RL jobs could not read it."""
+    import threading
+
+    from workers.critic import CriticDaemon
+
+    p, f = connect(primary.url), connect(fanout.url)
+    cfg = RunConfig.from_preset("AesrlNull-v0", run_id="critic-first", hidden=(8, 8), critic_hidden=(16, 16),
+                                batch_size=32).resolve()
+    assert cfg.initial_steps == 0 and cfg.rl_steps_max == 0
+    store = Store(p, cfg.run_id)
+    assert store.write_config(cfg) and store.status() == "created"
+    stop = threading.Event()
+    d = CriticDaemon(p, p, cfg.run_id, device="cpu", fanout=f, stop_event=stop)
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        stop.wait(1.5)
+        assert store.critic_version() == 0 and Fanout(store, f).critic_version() == 0
+        store.set_state(status="running")  # what the scheduler's set-up commits last
+        wait_for(lambda: store.critic_version() == 1, 10, what="the daemon's first actor")
+        assert Fanout(store, f).critic_version() == 1
+    finally:
+        stop.set()
+        t.join(10)
+
+
 def test_status_names_the_fanout_instance_as_what_a_host_falls_back_to(primary):
     from aesrl_queue.store import host_beat, worker_beat
     from cli.report import gather

@@ -286,9 +286,11 @@ class CriticDaemon:
                 self.checkpoint()
                 log.info("run %s is %s; critic daemon exits at version %d", cfg.run_id, status, self.version)
                 return status
-            if self.agent is not None and self.version == 0 and \
+            if self.agent is not None and self.version == 0 and status != "created" and \
                     self.store.state_field("steps") >= cfg.initial_steps:
-                # the daemon's own actor: its untrained actor is published when the random phase ends
+                # the daemon's own actor: its untrained actor is published when the random phase ends, and
+                # never before the scheduler's set-up (status "created" until then), which empties the run's
+                # keys on a fan-out instance: with no random phase it would delete this version there
                 self.sync()
                 self.publish({"loss": 0.0, "q1_mean": 0.0, "seconds": 0.0})
                 continue
