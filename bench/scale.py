@@ -416,6 +416,7 @@ class Point:
             st = store.state()
             rep_stats = [c.info("stats") for c in rep_clients]
             return {"t": time.monotonic(), "applied": st["results_applied"], "version": st["version"],
+                    "failed": int(st.get("failed", 0)),
                     "sched": proc_cpu_s(sched.pid), "sched_loop": thread_cpu_s(sched.pid, sched.pid),
                     "redis": sum(proc_cpu_s(r.proc.pid) for r in redises), "primary": proc_cpu_s(primary.proc.pid),
                     "replicas": sum(proc_cpu_s(r.proc.pid) for r in reps),
@@ -471,6 +472,8 @@ class Point:
             "daemon_MB_per_result": daemon / per / 1e6,
             # RL individuals copied inside the primary from the daemon's published actor (the default's shape)
             "copies_per_rl_result": (b["copies"] - a["copies"]) / max(1, share * applied),
+            # failed results the scheduler counted in the window (asked again): a read miss shows here
+            "failed_per_result": (b["failed"] - a["failed"]) / per,
             "results_per_s": rate, "ideal_per_s": ideal,
             "efficiency": rate / ideal, "versions_per_result": (b["version"] - a["version"]) / per,
             "published_per_s": seen["changes"] / dt,
@@ -569,7 +572,8 @@ COLUMNS = (
     ("net_out_MBps", "out MB/s", "{:.1f}"), ("net_in_MBps", "in MB/s", "{:.1f}"),
     ("out_MB_per_result", "out MB/res", "{:.2f}"), ("scheduler_ms_per_result", "sched ms/res", "{:.2f}"),
     ("scheduler_loop_ms_per_result", "loop ms/res", "{:.2f}"), ("redis_ms_per_result", "redis ms/res", "{:.2f}"),
-    ("fallbacks_per_result", "fallbacks/res", "{:.2f}"), ("job_s_median", "job s", "{:.2f}"),
+    ("fallbacks_per_result", "fallbacks/res", "{:.2f}"), ("failed_per_result", "failed/res", "{:.2f}"),
+    ("job_s_median", "job s", "{:.2f}"),
 )
 
 

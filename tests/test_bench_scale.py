@@ -44,6 +44,7 @@ def test_scale_quick_writes_rows_and_knee(tmp_path):
     for r in rows:
         assert ROW_KEYS <= set(r), sorted(ROW_KEYS - set(r))
         assert r["applied"] > 0 and r["results_per_s"] > 0
+        assert r["failed_per_result"] == 0, r  # every simulated job reads what it needs
         assert r["ideal_per_s"] == pytest.approx(r["workers"] / data["settings"]["episode_s"])
     plain, with_replicas = rows[2], rows[3]
     # Without replicas every job downloads μ and var (1.03 MB at 129k parameters) from the primary
