@@ -532,7 +532,7 @@ class Point:
         while not self.stop.is_set():
             with contextlib.suppress(codec.CodecError):
                 if store.status() == "running":
-                    size = store.config().actor_dim
+                    size, ttl = store.config().actor_dim, individual_ttl(store.config())
                     break
             self.stop.wait(0.1)
         if plays:  # the daemon's policy: the actor and crossq-sac's log-std network (the actor's shape)
@@ -555,7 +555,7 @@ class Point:
                     pipe = store.r.pipeline()
                     store.publish_critic(version, None if fan is not None else weights, pipe=pipe)
                     if plays:
-                        store.put_policy(version, weights["actor"], ttl=individual_ttl(store.config()), pipe=pipe)
+                        store.put_policy(version, weights["actor"], ttl=ttl, pipe=pipe)
                     store.set_state(pipe=pipe, critic_version=version, critic_steps=10**12)
                     pipe.execute()
             self.stop.wait(0.1)
