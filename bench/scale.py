@@ -532,7 +532,8 @@ class Point:
         while not self.stop.is_set():
             with contextlib.suppress(codec.CodecError):
                 if store.status() == "running":
-                    size, ttl = store.config().actor_dim, individual_ttl(store.config())
+                    cfg = store.config()
+                    size, ttl = cfg.actor_dim, individual_ttl(cfg)
                     break
             self.stop.wait(0.1)
         if plays:  # the daemon's policy: the actor and crossq-sac's log-std network (the actor's shape)
