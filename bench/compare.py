@@ -54,7 +54,7 @@ MODES = {
                      "(TD3 too, instead of 256-256), 10 000 stored steps (preset 40 000), 1000 random start steps, "
                      "rl_steps <= 1000"},
     # Quick: a smoke run of every algorithm (rows, not numbers) in under a minute.
-    "quick": {"steps": 4000, "wall": 5.0, "seeds": (0,), "workers": 2, "timeout": 60.0,
+    "quick": {"steps": 2000, "wall": 5.0, "seeds": (0,), "workers": 2, "timeout": 180.0,
               "config": {"initial_steps": 200, "td3_start_steps": 200, "td3_eval_every": 200, "population": 4,
                          "hidden": (8, 8), "critic_hidden": (16, 16), "mean_eval_episodes": 1,
                          "rl_steps_max": 100, "critic_chunk": 100, "critic_wait": 20.0},
@@ -275,7 +275,7 @@ def _json_safe(x: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny networks and budgets, one seed; under a minute")
+    ap.add_argument("--quick", action="store_true", help="tiny networks and budgets, one seed; a minute or two")
     ap.add_argument("--seeds", default="", help="comma-separated run seeds (default by mode: 0,1,2 or 0)")
     ap.add_argument("--steps", type=int, default=0, help="stored-step budget per run (default by mode)")
     ap.add_argument("--wall", type=float, default=0.0, help="wall-clock budget in seconds to report f(μ) at")

@@ -331,14 +331,17 @@ def read_race(out: Path, minutes: float, algos: tuple[str, ...] = RACE_ALGOS) ->
         folder = out / f"{algo}-gpu"
         lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()] \
             if (folder / "metrics.jsonl").exists() else []
+        ups = [r for r in lines if r.get("type") == "update"]
         try:
             run = load_run(folder)
             evals = [(e.get("elapsed") or math.nan, e["steps"], e["f_mu"]) for e in run.evals]
         except Exception as exc:  # noqa: BLE001 - a run that failed to start still gets its line
+            if not ups:
+                res["runs"][algo] = {"error": str(exc)}
+                continue
+            # It ran, but no result carried an estimate of f(μ) yet (under the default, ES pairs are one
+            # job in ten and set it): its steps and rates still count.
             evals = []
-            res["runs"][algo] = {"error": str(exc)}
-            continue
-        ups = [r for r in lines if r.get("type") == "update"]
         crit = [r["critic_steps_per_s"] for r in lines if r.get("type") == "critic" and r.get("critic_steps_per_s")]
         jobs = {k: [r["duration"] for r in ups if r.get("kind") == k and not r.get("random") and r.get("duration")]
                 for k in ("rl", "es")}

@@ -24,7 +24,7 @@ def test_compare_quick_has_a_row_per_algorithm(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop("AESRL_REDIS_URL", None)
     proc = subprocess.run([sys.executable, "bench/compare.py", "--quick", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["env"] == "Pendulum-v1" and data["mode"] == "quick"
