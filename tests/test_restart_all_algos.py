@@ -34,9 +34,10 @@ RUNS = {
     "pcemrl": ("--algo", "pcemrl", "--serial-critic", "--steps", "3200"),
     "pcemrl-pc": ("--algo", "pcemrl", "--parallel-critic", "--steps", "3200"),
     "td3": ("--algo", "td3", "--steps", "4000"),
-    # the other learners, in the daemon and RL jobs of an asynchronous run and alone: crossq-sac's
-    # checkpoint is crossq's (its critic, statistics and optimizer) with its log-std, α and their optimizers
-    "aesrl-crossq-sac": ("--algo", "aesrl", "--learner", "crossq-sac", "--steps", "3200"),
+    # each learner in the daemon and RL jobs of an asynchronous run and alone: aesrl's default is crossq-sac
+    # (its checkpoint is crossq's critic, statistics and optimizer with its log-std, α and their
+    # optimizers), td3's and the CEM-RL family's is td3
+    "aesrl-td3": ("--algo", "aesrl", "--learner", "td3", "--steps", "3200"),
     "td3-crossq-sac": ("--algo", "td3", "--learner", "crossq-sac", "--steps", "4000"),
 }
 SYNC = ("cemrl", "pcemrl", "pcemrl-pc")
