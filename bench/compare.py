@@ -53,7 +53,8 @@ MODES = {
              "note": "reduced from the Pendulum-v1 preset to fit ~25 min on 2 cores: actor 32-32, critic 64-64 "
                      "(TD3 too, instead of 256-256), 10 000 stored steps (preset 40 000), 1000 random start steps, "
                      "rl_steps <= 1000"},
-    # Quick: a smoke run of every algorithm (rows, not numbers) in under a minute.
+    # Quick: a smoke run of every algorithm (rows, not numbers): about a minute on 2 quiet cores; the
+    # timeout per run is a guard far above that (a slow, loaded host took ~4x).
     "quick": {"steps": 2000, "wall": 5.0, "seeds": (0,), "workers": 2, "timeout": 180.0,
               "config": {"initial_steps": 200, "td3_start_steps": 200, "td3_eval_every": 200, "population": 4,
                          "hidden": (8, 8), "critic_hidden": (16, 16), "mean_eval_episodes": 1,
