@@ -268,12 +268,13 @@ def command_names() -> tuple[str, str | None]:
     return ("aesrl-queue" if here or wrapper is None else wrapper), wrapper
 
 
-# Each estimate of f(μ) is one episode, so a run has several "final f(μ)": each says which it is.
+# Each estimate of f(μ) is one episode or an antithetic ES pair's mean, so a run has several "final f(μ)":
+# each says which it is.
 # The progress line's f(μ)~ is the mean of the last 10 estimates, between the last two.
 F_MU_NOTES = {
     "f_mu_first": "mean of the first tenth of the run's f(μ) estimates",
     "f_mu_last": "mean of the last tenth: the run's score",
-    "f_mu_final": "the last estimate, one episode; `evaluate` scores μ over 10",
+    "f_mu_final": "the last estimate (one episode, or an ES pair's mean); `evaluate` scores μ over 10",
 }
 
 

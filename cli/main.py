@@ -754,7 +754,7 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
       f(μ)~ -812.4  12,600/40,000 (32%)  412 steps/s  ETA 1m06s  elapsed 0m31s
       training RL individuals (2)  μ v88  results es 60 rl 28  critic v9
     f(μ)~      mean of the last 10 estimates of f(μ), the return of μ (the
-               mean policy), each one episode
+               mean policy), each one episode or an antithetic ES pair's mean
     N/M (P%)   stored env steps of the budget
     steps/s    stored steps per second since the random phase ended
     ETA        the steps left at that rate

@@ -160,7 +160,7 @@ def test_a_run_says_each_thing_once_and_the_size_of_its_folder(tmp_path):
     assert re.search(r"μ v\d+  results", last), last
     # the three numbers that could each pass for "the final f(μ)" say which they are
     for key, note in (("f_mu_first", "mean of the first tenth"), ("f_mu_last", "mean of the last tenth"),
-                      ("f_mu_final", "the last estimate, one episode")):
+                      ("f_mu_final", "the last estimate (one episode, or an ES pair")):
         line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith(key))
         assert f"{summary[key]:,.1f}  ({note}" in line, line
 
