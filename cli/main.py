@@ -752,21 +752,21 @@ def run_cmd(redis_url, env_id, config_file, n_workers, out_dir, resume, force, s
     \b
     The progress line, e.g.
       f(μ)~ -812.4  12,600/40,000 (32%)  412 steps/s  ETA 1m06s  elapsed 0m31s
-      training RL individuals (2)  μ v88  results es 60 rl 28  critic v9
+      μ v88  results es 60 rl 28  critic v9  training RL individuals (2)
     f(μ)~      mean of the last 10 estimates of f(μ), the return of μ (the
                mean policy), each one episode or an antithetic ES pair's mean
     N/M (P%)   stored env steps of the budget
     steps/s    stored steps per second since the random phase ended
     ETA        the steps left at that rate
     elapsed    time since the progress line started
-    phase      what the run waits for, when it waits: random actions (before
-               --initial-steps), waiting for critic, critic N steps behind,
-               training RL individuals (RL jobs in hand, no step stored for
-               3 s), or a problem and what to do
     μ vN  results es N rl N  critic vN
                version of μ (the results that moved it), ES and RL
                results applied (random-phase ones and those that left
                μ where it was included), version of the critic
+    phase      what the run waits for, when it waits: random actions (before
+               --initial-steps), waiting for critic, critic N steps behind,
+               training RL individuals (RL jobs in hand, no step stored for
+               3 s), or a problem and what to do
     """
     from aesrl_queue.store import Store
     from cli.launch import launch
