@@ -78,7 +78,8 @@ def test_a_host_following_the_fanout_gets_versions_and_critic_and_nothing_else(p
     s1 = procs.procs["scheduler-1"]
     s1.send_signal(signal.SIGKILL)
     assert wait_pid_exit(s1.pid)
-    tag_before = p.hget(store.key(f"dist:{store.state()['version']}"), "tag")
+    version_before = store.state()["version"]
+    tag_before = p.hget(store.key(f"dist:{version_before}"), "tag")
     procs.cli("scheduler-2", *sched, "--run", RUN)
     wait_for(lambda: store.status() == "finished", 240, interval=0.5, what="the run to finish", on_fail=procs.logs)
     out = check_exactly_once(p, store)
@@ -86,7 +87,9 @@ def test_a_host_following_the_fanout_gets_versions_and_critic_and_nothing_else(p
     assert st["rl_applied"] >= 4 and st["es_applied"] >= 4, st
     tag_after = p.hget(store.key(f"dist:{st['version']}"), "tag")
     assert tag_before.split(b":")[0] == tag_after.split(b":")[0] == run_token(store.config()).encode()
-    assert tag_before != tag_after  # two incarnations
+    # Two incarnations: a version the second one published carries its tag. A kill that came late (a
+    # loaded machine is slow to apply the first RL results) can leave it no move of μ to publish.
+    assert (tag_before != tag_after) == (st["version"] > version_before), (version_before, st["version"])
     # The primary has no replica: the hosts follow the fan-out instance.
     assert p.info("replication")["connected_slaves"] == 0
     assert f.info("replication")["connected_slaves"] == 1
