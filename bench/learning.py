@@ -237,7 +237,13 @@ def rerun(path: Path, item: str, repo: Path, out_dir: Path) -> int:
     if outcome != "ok":
         print(f"the rerun did not finish: {outcome} (log beside {folder})")
         return 2
-    got = read_run(folder, algo, protocol)["scores"]
+    from bench.learning_final import final_policy_scores
+
+    res = read_run(folder, algo, protocol)
+    got = res["scores"]
+    # a learner alone that stopped within an episode of a milestone is scored there on its final policy,
+    # as bench/learning_final.py scored the recorded row
+    got.update(final_policy_scores(folder, protocol, got, res["steps"], res["interactions"], score_snapshot))
     same = True
     print(f"{item}, rerun in {folder} ({wall / 60:.1f} min)")
     print(f"{'milestone':>9} {'recorded':>10} {'rerun':>10}  returns on the {len(protocol['eval_seeds'])} starts")
@@ -251,7 +257,8 @@ def rerun(path: Path, item: str, repo: Path, out_dir: Path) -> int:
         same &= exact
         diff = max(abs(a - b) for a, b in zip(have["returns"], want["returns"], strict=True))
         print(f"{name:>9} {want['mean']:10.1f} {have['mean']:10.1f}  "
-              + ("identical" if exact else f"differ, by up to {diff:.1f}"))
+              + ("identical" if exact else f"differ, by up to {diff:.1f}")
+              + (f" (final policy at {have['at_steps']:,} steps)" if have.get("from") else ""))
     return 0 if same else 1
 
 
