@@ -7,6 +7,9 @@ Reads bench/results/learning-protocol.json (or FILE), computes the summary as `b
   - P(aesrl > X) with its interval, per environment, X and milestone, and the call the interval makes
     (ahead, level, behind) once both sides have all the seeds the protocol declares (before that,
     "(k v m)": the runs each side has, and no call);
+  - the calls at 100 % of the stored steps and at 100k needed interactions, per environment: `aesrl`'s
+    mean with its interval and the algorithms it is ahead of, level with and behind, each comparison
+    called only once both sides have all their declared seeds ("not yet" lists the others);
   - the compute: cells run and pending, crashes, hours.
 It writes nothing to the results file. `--plot PNG` draws each environment's mean with its interval
 at 25/50/100 % of the stored steps and at 25k/50k/100k needed interactions (needs matplotlib);
@@ -36,7 +39,7 @@ def marks(file: Path) -> tuple[str, str]:
     name = file.stem.removeprefix("learning-").replace("-", " ") + " tables"
     return f"<!-- {name} -->", f"<!-- end {name} -->"
 
-SHORT = {"HalfCheetah-v5": "HalfCheetah", "Hopper-v5": "Hopper", "Walker2d-v5": "Walker2d"}
+SHORT = {"HalfCheetah-v5": "HalfCheetah", "Hopper-v5": "Hopper", "Walker2d-v5": "Walker2d", "Ant-v5": "Ant"}
 
 
 def num(x: float) -> str:
@@ -92,6 +95,25 @@ def improvement_table(summary: dict, protocol: dict) -> str:
                 # percentile interval of 2 runs against 2 is [1, 1] whenever they separate (1 time in 6)
                 row.append(f"{p} {v['verdict']}" if ns == due else f"{p} ({ns[0]} v {ns[1]})")
             lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def calls_table(summary: dict, protocol: dict) -> str:
+    """What the intervals call, and nothing more: the table the README quotes."""
+    head = ["env", "at", "aesrl", "ahead of", "level with", "behind", "not yet"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---|---|---|---|"]
+    for env, marks in summary.items():
+        for key, at in (("100", "100 % stored steps"), ("i100k", "100k interactions")):
+            cell = marks.get(key)
+            if not cell or "aesrl" not in cell["algos"]:
+                continue
+            calls: dict[str, list[str]] = {"ahead": [], "level": [], "behind": [], "not yet": []}
+            for other, v in cell["vs"].items():
+                ns = [cell["algos"][a]["n"] for a in ("aesrl", other)]
+                due = [len(protocol["seeds"][a]) for a in ("aesrl", other)]
+                calls[v["verdict"] if ns == due else "not yet"].append(other)
+            lines.append("| " + " | ".join([env_name(env, protocol), at, stat(cell["algos"]["aesrl"]["mean"]),
+                                             *(", ".join(calls[c]) for c in calls)]) + " |")
     return "\n".join(lines)
 
 
@@ -155,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{a.file}: declares no protocol (bench/learning.py --declare COMMIT)")
     summary = summarise(data["rows"], data["protocol"])
     text = (compute_line(data) + ".\n\n" + returns_table(summary, data["protocol"]) + "\n\n"
-            + improvement_table(summary, data["protocol"]))
+            + improvement_table(summary, data["protocol"]) + "\n\n" + calls_table(summary, data["protocol"]))
     print(text)
     if a.doc:
         doc = a.doc.read_text()

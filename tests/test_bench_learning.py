@@ -351,6 +351,9 @@ def test_tables_for_the_docs_call_a_difference_only_with_every_declared_seed(tmp
     assert re.search(r"\| 12 \[1[01], 1[34]\] \| 12 \[", aesrl), aesrl  # 100 %: mean [CI], then the IQM
     assert "| Hopper | td3 |  |  | 1.00 [1.00, 1.00] ahead |" in out  # 5 against 5: the call
     assert "| Hopper | cemrl |  |  | 1.00 [1.00, 1.00] (5 v 2) |" in out  # no call before cemrl's third seed
+    # the calls alone, as the README quotes them: td3 called, cemrl not yet; no row for a milestone no run has
+    assert re.search(r"^\| Hopper \| 100 % stored steps \| 12 \[1[01], 1[34]\] \| td3 \|  \|  \| cemrl \|$", out, re.M), out
+    assert "100k interactions" not in out
     assert path.read_text() == before  # it writes nothing to the results file
     doc = tmp_path / "doc.md"
     doc.write_text("intro\n<!-- protocol tables -->\nold table\n<!-- end protocol tables -->\nafter\n")
@@ -358,7 +361,7 @@ def test_tables_for_the_docs_call_a_difference_only_with_every_declared_seed(tmp
                    cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     text = doc.read_text()
     assert "old table" not in text and text.startswith("intro\n<!-- protocol tables -->\n12 of 57 cells")
-    assert "(5 v 2) |  |  |  |\n<!-- end protocol tables -->\nafter\n" in text
+    assert "| td3 |  |  | cemrl |\n<!-- end protocol tables -->\nafter\n" in text
     # another protocol's file has lines of its own: the first protocol's tables stay
     from bench.learning_tables import marks
 
