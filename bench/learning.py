@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import fcntl
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -603,10 +604,15 @@ def run_cells(cells, protocol: dict[str, Any], path: Path, runs_dir: Path, max_h
     `cells` may be a generator that claims each cell as it is asked for (`claimed_cells`)."""
     t0, failed = time.monotonic(), 0
     total = len(cells) if total is None else total
-    for i, (env, algo, seed) in enumerate(cells, 1):
+    pending = iter(cells)
+    for i in itertools.count(1):
+        # the clock before the next cell: a claiming generator claims the cell it hands out
         if max_hours is not None and time.monotonic() - t0 >= max_hours * 3600:
             print(f"--max-hours {max_hours:g} reached after {i - 1} cells", flush=True)
             break
+        if (cell := next(pending, None)) is None:
+            break
+        env, algo, seed = cell
         commit = git(repo or ROOT, "rev-parse", "HEAD").stdout.strip()
         print(f"[{i}/{total}] {env}:{algo}:{seed} ...", end=" ", flush=True)
         base = {"env": env, "algo": algo, "seed": seed, "commit": commit, "versions": package_versions(),

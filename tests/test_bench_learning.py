@@ -223,6 +223,17 @@ def test_runs_beside_each_other_share_the_pending_cells(tmp_path):
     # claim on cells[0] was dropped when it asked for the next cell; cells[1] has its row
 
 
+def test_a_run_past_its_hours_claims_no_further_cell(tmp_path):
+    path = tmp_path / "learning-protocol-v2.json"
+    learning.update(path, lambda d: d.update(protocol={**learning.PROTOCOL, "commit": "x", "pins": learning.PINS}))
+    cells = learning.protocol_cells(learning.PROTOCOL)
+    claims = path.with_name(path.stem + ".claims.json")
+    code = learning.run_cells(learning.claimed_cells(path, learning.PROTOCOL, cells), learning.PROTOCOL, path,
+                              tmp_path, 0.0, 1.0, None, False, total=len(cells))
+    assert code == 0 and str(os.getpid()) not in (claims.read_text() if claims.exists() else "")
+    assert next(learning.claimed_cells(path, learning.PROTOCOL, cells)) == cells[0]  # still the first to hand out
+
+
 def test_statistics_on_made_up_scores():
     assert learning.prob_improvement(np.array([1.0, 2, 3]), np.array([2.0, 2, 2])) == 0.5  # 1 win, 1 tie of 3
     assert learning.prob_improvement(np.array([3.0, 4]), np.array([1.0, 2])) == 1.0
