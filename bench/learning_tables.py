@@ -75,6 +75,13 @@ def returns_table(summary: dict, protocol: dict) -> str:
     return "\n".join(lines)
 
 
+def all_seeds(cell: dict, other: str, protocol: dict) -> bool:
+    """Both sides of P(aesrl > other) at this milestone have every seed the protocol declares: only then
+    is the difference called. With fewer, a percentile interval of 2 runs against 2 is [1, 1] whenever
+    they separate (1 time in 6)."""
+    return all(cell["algos"][a]["n"] == len(protocol["seeds"][a]) for a in ("aesrl", other))
+
+
 def improvement_table(summary: dict, protocol: dict) -> str:
     head = ["env", "P(aesrl > X)", *STEPS, *INTERACTIONS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
@@ -88,12 +95,9 @@ def improvement_table(summary: dict, protocol: dict) -> str:
                 if v is None:
                     row.append("")
                     continue
-                ns = [marks[k]["algos"][a]["n"] for a in ("aesrl", other)]
-                due = [len(protocol["seeds"][a]) for a in ("aesrl", other)]
                 p = f"{v['p'][0]:.2f}" + (f" [{v['p'][1]:.2f}, {v['p'][2]:.2f}]" if math.isfinite(v["p"][1]) else "")
-                # the protocol calls a difference once both sides have all their seeds: with fewer, a
-                # percentile interval of 2 runs against 2 is [1, 1] whenever they separate (1 time in 6)
-                row.append(f"{p} {v['verdict']}" if ns == due else f"{p} ({ns[0]} v {ns[1]})")
+                ns = [marks[k]["algos"][a]["n"] for a in ("aesrl", other)]
+                row.append(f"{p} {v['verdict']}" if all_seeds(marks[k], other, protocol) else f"{p} ({ns[0]} v {ns[1]})")
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -109,9 +113,7 @@ def calls_table(summary: dict, protocol: dict) -> str:
                 continue
             calls: dict[str, list[str]] = {"ahead": [], "level": [], "behind": [], "not yet": []}
             for other, v in cell["vs"].items():
-                ns = [cell["algos"][a]["n"] for a in ("aesrl", other)]
-                due = [len(protocol["seeds"][a]) for a in ("aesrl", other)]
-                calls[v["verdict"] if ns == due else "not yet"].append(other)
+                calls[v["verdict"] if all_seeds(cell, other, protocol) else "not yet"].append(other)
             lines.append("| " + " | ".join([env_name(env, protocol), at, stat(cell["algos"]["aesrl"]["mean"]),
                                              *(", ".join(calls[c]) for c in calls)]) + " |")
     return "\n".join(lines)
