@@ -150,7 +150,8 @@ def calibrate(cfg, env_steps: int = 3000, actor_steps: int = 60, learner_steps: 
               round_trips: int = 30) -> tuple[CostModel, dict[str, Any]]:
     """Measure a cost model for `cfg` (a resolved RunConfig) on this machine, with one torch thread as a
     worker has: the environment with the run's actor, RL actor steps and critic steps of the run's
-    learner on its network sizes (on CUDA when torch sees one, as the critic daemon would train), and
+    learner on its network sizes (on CUDA when torch sees one, replayed as a captured CUDA graph as the
+    critic daemon trains there), and
     the round trips of a result and of a μ version through an embedded Redis. Returns the model and
     notes (what was measured, and how)."""
     import numpy as np
@@ -158,7 +159,7 @@ def calibrate(cfg, env_steps: int = 3000, actor_steps: int = 60, learner_steps: 
 
     from aesrl_queue import codec
     from aesrl_queue.connection import connect
-    from aesrl_queue.learners import learner_class, make_learner
+    from aesrl_queue.learners import capture_step, learner_class, make_learner
     from aesrl_queue.nets import NetSpec, init_actor_params
     from aesrl_queue.redis_server import RedisServer
     from aesrl_queue.rollout import run_episodes
@@ -204,7 +205,19 @@ def calibrate(cfg, env_steps: int = 3000, actor_steps: int = 60, learner_steps: 
         critic_steps(5)
         t0 = time.perf_counter()
         critic_steps(learner_steps)
-        learner_rate = learner_steps / (time.perf_counter() - t0)
+        learner_rate = eager_rate = learner_steps / (time.perf_counter() - t0)
+        if device.type == "cuda":  # the daemon replays its step as a CUDA graph there: time that
+            learner = make_learner(cfg, spec, device, capturable=True)
+            size = torch.full((), float(n), device=device)
+            graph = capture_step(lambda: learner.critic_step(replay.sample_in_graph(cfg.batch_size, size), target),
+                                 device, learner.opt)
+            graph.replay()
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(learner_steps * 10):
+                graph.replay()
+            torch.cuda.synchronize(device)
+            learner_rate = learner_steps * 10 / (time.perf_counter() - t0)
 
         critic = learner_class(cfg.learner).critic_for_actor(spec, learner.weights(), "cpu")
         obs = rng.standard_normal((n, cfg.obs_dim)).astype(np.float32)
@@ -249,6 +262,8 @@ def calibrate(cfg, env_steps: int = 3000, actor_steps: int = 60, learner_steps: 
                       job_overhead_s=2 * result_latency + publish_latency, tell_s=CostModel.tell_s)
     notes = {"env_id": cfg.env_id, "learner": cfg.learner, "hidden": list(cfg.hidden),
              "critic_hidden": list(cfg.critic_hidden), "batch_size": cfg.batch_size, "learner_device": str(device),
+             "learner_path": "a captured CUDA graph, as the daemon" if device.type == "cuda" else "eager",
+             "learner_steps_per_s_eager": eager_rate,
              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "host": os.uname().nodename,
              "env_steps": played, "actor_steps": actor_steps, "learner_steps": learner_steps,
              "mu_bytes": blob, "how": "latencies are loopback round trips to an embedded Redis; "

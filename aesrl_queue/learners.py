@@ -451,6 +451,23 @@ class CrossQSACLearner(CrossQLearner):
         self.alpha_opt.load_state_dict(to_tensors(ckpt["alpha_opt"], self.device))
 
 
+def capture_step(step, device: torch.device, optimizer: torch.optim.Optimizer, warm: int = 3) -> torch.cuda.CUDAGraph:
+    """`step` (a learner's step on a batch drawn with `sample_in_graph`) captured as a CUDA graph, as the
+    critic daemon replays it: `warm` eager calls on a side stream first (the optimizer's state must exist
+    before a capture), then one captured call. A capture runs nothing: only the warm-up calls train."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warm):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 _CLASSES = {"td3": TD3Learner, "crossq": CrossQLearner, "crossq-sac": CrossQSACLearner}
 
 

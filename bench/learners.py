@@ -63,7 +63,7 @@ def _timed(step, seconds: float, sync) -> float:
 def micro_row(name: str, hidden: tuple[int, ...], device: str, seconds: float) -> dict[str, Any]:
     import torch
 
-    from aesrl_queue.learners import learner_class
+    from aesrl_queue.learners import capture_step, learner_class
     from aesrl_queue.nets import NetSpec
     from aesrl_queue.td3 import ReplayBuffer
 
@@ -89,19 +89,8 @@ def micro_row(name: str, hidden: tuple[int, ...], device: str, seconds: float) -
         learner = learner_class(name)(spec, device=device, capturable=True, **kw)
         size = torch.full((), float(n), device=device)
 
-        def step():
-            return learner.critic_step(replay.sample_in_graph(batch, size), target)
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        learner.opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
-            step()
+        graph = capture_step(lambda: learner.critic_step(replay.sample_in_graph(batch, size), target),
+                             torch.device(device), learner.opt)
         row["graph_steps_per_s"] = _timed(graph.replay, seconds, sync)
     return row
 
