@@ -151,9 +151,8 @@ def calibrate(cfg, env_steps: int = 3000, actor_steps: int = 60, learner_steps: 
     """Measure a cost model for `cfg` (a resolved RunConfig) on this machine, with one torch thread as a
     worker has: the environment with the run's actor, RL actor steps and critic steps of the run's
     learner on its network sizes (on CUDA when torch sees one, replayed as a captured CUDA graph as the
-    critic daemon trains there), and
-    the round trips of a result and of a μ version through an embedded Redis. Returns the model and
-    notes (what was measured, and how)."""
+    critic daemon trains there), and the round trips of a result and of a μ version through an
+    embedded Redis. Returns the model and notes (what was measured, and how)."""
     import numpy as np
     import torch
 
