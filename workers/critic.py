@@ -20,7 +20,7 @@ import torch
 from aesrl_queue.codec import CodecError
 from aesrl_queue.config import critic_due
 from aesrl_queue.connection import FANOUT_ENV, wait_until_reachable
-from aesrl_queue.learners import Agent, make_learner
+from aesrl_queue.learners import Agent, capture_step, make_learner
 from aesrl_queue.nets import NetSpec, set_flat
 from aesrl_queue.store import FANOUT_FIELD, Fanout, Store, individual_ttl
 from aesrl_queue.td3 import ReplayBuffer, pick_device
@@ -187,19 +187,9 @@ class CriticDaemon:
         return stats
 
     def _capture(self, warm: int) -> None:
-        """Run `warm` eager steps on a side stream (Adam's state must exist before the capture), then
-        capture one step as self.graph. A capture runs nothing: only the warm-up steps train."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(warm):
-                self._graph_step()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        self.learner.opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
-            self._graph_step()
-        self.graph = graph
+        """Run `warm` eager steps (Adam's state must exist before the capture), then capture one step
+        as self.graph (learners.capture_step). A capture runs nothing: only the warm-up steps train."""
+        self.graph = capture_step(self._graph_step, self.device, self.learner.opt, warm)
         log.info("critic on %s: one step captured as a CUDA graph", self.device)
 
     def _train_chunk_graph(self, n: int) -> dict[str, float]:
