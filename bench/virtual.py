@@ -16,8 +16,10 @@ older than K versions where the rule's step would move nothing (recorded, counte
 opo, acemrl) takes it; a synchronous one tells by generation and has no ages.
 
 `--algos ptd3` runs the parallel TD3 of bench/parallel_td3.py (N environment workers feeding one learner
-at the cost model's learner rate, on --algo td3's settings), which is no queue algorithm. Not here yet:
-the results file and plot of docs/scaling.md.
+at the cost model's learner rate, on --algo td3's settings), which is no queue algorithm. `plot` draws
+docs/scaling.md's figure from one or more results files:
+
+    python bench/virtual.py plot RESULTS.jsonl[:ALGO=LABEL] ... [--out docs/img/virtual-workers.png]
 
     python bench/virtual.py measure --envs HalfCheetah-v5,Walker2d-v5 --algos aesrl,pcemrl --workers 2,16,128,1024 \\
         --seeds 1,2 --steps 100000 --cost-model cost-model.json [--jobs 2] [--runs DIR] [--out FILE]
@@ -373,6 +375,56 @@ def print_table(results: dict[str, Any]) -> None:
         print("| " + " | ".join("" if c.get(k) is None else str(c.get(k)) for k in cols) + f" | {hist} |")
 
 
+def plot(args: argparse.Namespace) -> None:
+    """docs/scaling.md's figure: each series' f(μ)~ at its mark and its virtual seconds against N, one
+    point per cell (seeds side by side), a line through the seeds' means. A series is one results file's
+    cells of one (env, algo, steps, settings, staleness), named by its algo; FILE:ALGO=LABEL[;ALGO=LABEL]
+    names a file's series of that algo otherwise (the same algo in two files would share a series)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple, dict[int, list[dict[str, Any]]]] = {}
+    for item in args.files:
+        path, _, names = item.partition(":")
+        label = dict(pair.split("=", 1) for pair in names.split(";") if "=" in pair)
+        for line in Path(path).read_text().splitlines():
+            cell = json.loads(line)
+            if cell.get("status") != "finished" or cell.get("f_mu_at_mark") is None:
+                continue
+            extra = {k: v for k, v in (cell.get("settings") or {}).items() if k not in ("hidden", "critic_hidden")}
+            name = ", ".join(x for x in [label.get(cell["algo"], cell["algo"]), *(f"{k} {v}" for k, v in extra.items()),
+                                         cell.get("staleness") or "", f"{cell['steps'] // 1000}k steps"] if x)
+            per_n = series.setdefault((cell["env"], name), {})
+            seeds = per_n.setdefault(cell["workers"], [])
+            seeds[:] = [c for c in seeds if c["seed"] != cell["seed"]] + [cell]  # a cell run again: its last line
+    envs = sorted({env for env, _ in series})
+    fig, axes = plt.subplots(len(envs), 2, figsize=(11, 4.2 * len(envs)), squeeze=False)
+    for row, env in enumerate(envs):
+        score, clock = axes[row]
+        for (e, name), per_n in sorted(series.items()):
+            if e != env:
+                continue
+            ns = sorted(per_n)
+            for ax, key in ((score, "f_mu_at_mark"), (clock, "virtual_s")):
+                means = [sum(c[key] for c in per_n[n]) / len(per_n[n]) for n in ns]
+                (line,) = ax.plot(ns, means, marker="o", label=name)
+                for n in ns:
+                    ax.scatter([n] * len(per_n[n]), [c[key] for c in per_n[n]], s=10, color=line.get_color())
+        score.set(xscale="log", xlabel="virtual workers N", ylabel="f(μ)~ at the mark", title=f"{env}: score")
+        clock.set(xscale="log", yscale="log", xlabel="virtual workers N", ylabel="virtual seconds of the run",
+                  title=f"{env}: virtual wall clock")
+        for ax in (score, clock):
+            ax.set_xticks([2, 16, 128, 1024], ["2", "16", "128", "1024"])
+            ax.grid(alpha=0.3)
+        score.legend(fontsize=7)
+    fig.tight_layout()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out} ({sum(len(v) for v in series.values())} points of N in {len(series)} series)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -404,8 +456,12 @@ def main() -> None:
     v.add_argument("--runs", default="runs/validate")
     v.add_argument("--reuse", action="store_true", help="keep finished run folders and the results file's cells")
     v.add_argument("--out", default="bench/results/virtual-validate.json")
+    p = sub.add_parser("plot", help="docs/scaling.md's figure from measure's results files (item 3)")
+    p.add_argument("files", nargs="+", metavar="FILE[:ALGO=LABEL]",
+                   help="results files of measure; ALGO=LABEL names that file's series of ALGO")
+    p.add_argument("--out", default="docs/img/virtual-workers.png")
     args = ap.parse_args()
-    (measure if args.mode == "measure" else validate)(args)
+    {"measure": measure, "validate": validate, "plot": plot}[args.mode](args)
 
 
 if __name__ == "__main__":

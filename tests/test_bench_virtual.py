@@ -4,6 +4,7 @@ the parallel TD3 of its measurement (bench/parallel_td3.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -112,3 +113,25 @@ def test_staleness_rules_weigh_a_result_by_its_age(tmp_path):
     for bad in ("drop", "decay:0", "age:3", "drop:-1", "drop:x"):
         with pytest.raises(ValueError, match="--staleness"):
             parse_staleness(bad)
+
+
+def test_plot_draws_one_series_per_file_and_algo_and_keeps_a_cell_s_last_line(tmp_path, capsys) -> None:
+    """bench/virtual.py plot: the cells of a results file grouped by (env, algo, steps, settings); a cell
+    run again counts once (its last line); ALGO=LABEL renames one file's series, so the same algo in two
+    files stays two series; unfinished cells are left out."""
+    import argparse
+
+    from bench import virtual
+
+    def cell(algo, n, seed, f, status="finished", **kw):
+        return json.dumps({"env": "Pendulum-v1", "algo": algo, "workers": n, "seed": seed, "steps": 10_000,
+                           "settings": kw, "status": status, "virtual_s": 1.0 + n, "f_mu_at_mark": f})
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("\n".join([cell("aesrl", 2, 1, -900.0), cell("aesrl", 2, 1, -800.0), cell("aesrl", 16, 1, -700.0),
+                                cell("es", 2, 1, -1000.0, status="crashed")]) + "\n")
+    second.write_text("\n".join([cell("aesrl", 2, 1, -600.0), cell("aesrl", 2, 2, -500.0, critic_lag=0)]) + "\n")
+    out = tmp_path / "fig.png"
+    virtual.plot(argparse.Namespace(files=[f"{first}:aesrl=aesrl, first", str(second)], out=str(out)))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(4 points of N in 3 series)" in capsys.readouterr().out
