@@ -225,8 +225,13 @@ class VirtualCritic:
         self.held: tuple[float, dict[str, float]] | None = None  # (publication time, stats) of the chunk trained
 
     def advance(self, t: float) -> None:
-        """Publish every chunk that ends by `t`, and train every chunk that starts by `t`."""
+        """Publish every chunk that ends by `t`, and train every chunk that starts by `t`; the daemon's
+        untrained actor is published at `t` when the random phase has ended by then, as the daemon does."""
         d = self.daemon
+        if self.held is None and d.publish_first_actor(d.store.status()):
+            d.store.set_state(critic_updated_at=t, critic_steps_per_s=self.cost.learner_steps_per_s)
+            self.free_at = t
+            self.on_publish(t)
         while True:
             if self.held is not None:
                 at, stats = self.held

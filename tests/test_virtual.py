@@ -82,6 +82,23 @@ def test_the_default_aesrl_runs_in_virtual_time(tmp_path):
     assert any(r["type"] == "critic" and r["critic_steps"] > 0 for r in records)
 
 
+def test_the_daemons_untrained_actor_is_published_when_the_random_phase_ends_with_nothing_in_flight(tmp_path):
+    """One worker and no queued job: the random phase ends with no job in flight and no critic step due (one
+    per stored step after initial_steps). The daemon publishes its untrained actor then (workers/critic.py),
+    and the virtual one at the same moment, so RL jobs follow at once instead of critic_wait's ES jobs."""
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id="virtual-first-actor", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), env_kwargs={"episode_len": EPISODE_LEN}, total_steps=400,
+                                initial_steps=160, batch_size=32, critic_chunk=40, queued_per_worker=0).resolve()
+    run = VirtualRun(cfg, 1, CostModel(), out_dir=tmp_path)
+    summary = run.run()
+    records = read_metrics(run.run_dir)
+    random = [r for r in records if r["type"] == "update" and r["random"]]
+    assert sum(r["len"] for r in random) == cfg.initial_steps  # the phase ends exactly, nothing in flight
+    first = next(r for r in records if r["type"] == "critic")
+    assert (first["critic_version"], first["critic_steps"], first["steps"]) == (1, 0, cfg.initial_steps)
+    assert summary["rl_applied"] > 0 and summary["virtual"]["virtual_s"] < cfg.critic_wait
+
+
 @pytest.mark.parametrize("algo", ["opo", "acemrl"])
 def test_the_daemons_own_actor_serves_the_other_asynchronous_algorithms(tmp_path, algo):
     """rl_steps_max 0 is not aesrl's alone: opo's and acemrl's RL individuals can be the learner's actor too

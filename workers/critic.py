@@ -268,6 +268,19 @@ class CriticDaemon:
             return 0
         return min(n, max(1, int(steps_per_s * cfg.critic_wait / 4))) if steps_per_s > 0 else n
 
+    def publish_first_actor(self, status: str) -> bool:
+        """The daemon's own actor: its untrained actor is published when the random phase ends, so that RL
+        jobs can start before the first chunk is due (none is due while the stored steps are exactly
+        initial_steps), and never before the scheduler's set-up (status "created" until then), which empties
+        the run's keys on a fan-out instance: with no random phase it would delete this version there.
+        Whether it published."""
+        if self.agent is None or self.version != 0 or status == "created" or \
+                self.store.state_field("steps") < self.cfg.initial_steps:
+            return False
+        self.sync()
+        self.publish({"loss": 0.0, "q1_mean": 0.0, "seconds": 0.0})
+        return True
+
     def _loop(self) -> str:
         cfg = self.cfg
         while not self.stop_event.is_set():
@@ -276,13 +289,7 @@ class CriticDaemon:
                 self.checkpoint()
                 log.info("run %s is %s; critic daemon exits at version %d", cfg.run_id, status, self.version)
                 return status
-            if self.agent is not None and self.version == 0 and status != "created" and \
-                    self.store.state_field("steps") >= cfg.initial_steps:
-                # the daemon's own actor: its untrained actor is published when the random phase ends, and
-                # never before the scheduler's set-up (status "created" until then), which empties the run's
-                # keys on a fan-out instance: with no random phase it would delete this version there
-                self.sync()
-                self.publish({"loss": 0.0, "q1_mean": 0.0, "seconds": 0.0})
+            if self.publish_first_actor(status):
                 continue
             chunk = self.next_chunk(self.steps_per_s)
             if not chunk:
