@@ -278,6 +278,12 @@ def measured_updates(metrics: list[dict[str, Any]], kind: str | None = None) -> 
             and isinstance(u.get("duration"), int | float) and (kind is None or u.get("kind") == kind)]
 
 
+def critic_rates(metrics: list[dict[str, Any]]) -> list[float]:
+    """The learner steps per second a run's critic records measured (those that measured one)."""
+    return [float(r["critic_steps_per_s"]) for r in metrics if r.get("type") == "critic"
+            and isinstance(r.get("critic_steps_per_s"), int | float) and r["critic_steps_per_s"] > 0]
+
+
 def duration_spread(metrics: list[dict[str, Any]]) -> float:
     """The coefficient of variation of a real run's job durations (after the random phase), the mean of
     its job kinds' weighted by their results."""

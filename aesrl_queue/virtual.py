@@ -228,9 +228,8 @@ class VirtualCritic:
         """Publish every chunk that ends by `t`, and train every chunk that starts by `t`; the daemon's
         untrained actor is published at `t` when the random phase has ended by then, as the daemon does."""
         d = self.daemon
-        if self.held is None and d.publish_first_actor(d.store.status()):
-            d.store.set_state(critic_updated_at=t, critic_steps_per_s=self.cost.learner_steps_per_s)
-            self.free_at = t
+        if self.held is None and d.publish_first_actor():
+            self._stamp(t)
             self.on_publish(t)
         while True:
             if self.held is not None:
@@ -239,9 +238,7 @@ class VirtualCritic:
                     return
                 self.held = None
                 d.publish(stats)
-                # the daemon stamps its publication with the wall clock and its measured rate
-                d.store.set_state(critic_updated_at=at, critic_steps_per_s=self.cost.learner_steps_per_s)
-                self.free_at = at
+                self._stamp(at)
                 if at - self.checkpointed_at >= CRITIC_CHECKPOINT_S:
                     d.checkpoint()  # for a resume; it changes nothing in this run
                     self.checkpointed_at = at
@@ -253,6 +250,12 @@ class VirtualCritic:
                 return
             d.refresh_target_policy()
             self.held = (self.free_at + self.cost.chunk_seconds(n), self._train(n))
+
+    def _stamp(self, at: float) -> None:
+        """After a publication at `at`: the daemon stamps it with the wall clock and its measured rate
+        (here the virtual clock and the model's), and the learner is free from then."""
+        self.daemon.store.set_state(critic_updated_at=at, critic_steps_per_s=self.cost.learner_steps_per_s)
+        self.free_at = at
 
     def _train(self, n: int) -> dict[str, float]:
         import torch

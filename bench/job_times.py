@@ -102,8 +102,9 @@ def episode_cap(env: str) -> int:
 
 def critic_rate(metrics: list[dict[str, Any]]) -> float | None:
     """The daemon's median learner steps per second over its records, where they say."""
-    rates = [r.get("critic_steps_per_s") for r in metrics if r.get("type") == "critic"]
-    rates = [float(x) for x in rates if isinstance(x, int | float) and x > 0]
+    from aesrl_queue.cost_model import critic_rates
+
+    rates = critic_rates(metrics)
     return round(statistics.median(rates), 1) if rates else None
 
 

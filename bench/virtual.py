@@ -58,7 +58,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from aesrl_queue.cost_model import duration_spread, worker_gap  # noqa: E402  (validate's fits, shared with calibrate)
+from aesrl_queue.cost_model import (  # noqa: E402  (validate's fits, shared with calibrate)
+    critic_rates,
+    duration_spread,
+    measured_updates,
+    worker_gap,
+)
 
 WINDOW = 10  # f(μ) estimates averaged, as the progress line's f(μ)~
 
@@ -249,8 +254,7 @@ def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict
     at the real critic's median measured rate."""
 
     def durations(metrics, kind):
-        return [float(u["duration"]) for u in metrics if u.get("type") == "update" and u.get("kind") == kind
-                and not u.get("random") and isinstance(u.get("duration"), int | float)]
+        return [float(u["duration"]) for u in measured_updates(metrics, kind)]
 
     def ratio(kind):
         r, v = median(durations(real, kind)), median(durations(virtual, kind))
@@ -258,8 +262,7 @@ def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict
 
     k_es, k_rl = ratio("es"), ratio("rl")
     k_es = k_es or 1.0
-    rates = [float(r["critic_steps_per_s"]) for r in real if r.get("type") == "critic"
-             and isinstance(r.get("critic_steps_per_s"), int | float) and r["critic_steps_per_s"] > 0]
+    rates = critic_rates(real)
     changes = {"env_step_s": calibrated.env_step_s * k_es, "job_overhead_s": calibrated.job_overhead_s * k_es}
     if k_rl:
         # an RL job's duration: its episodes at the ES rate, and its actor steps scaled to match

@@ -268,13 +268,16 @@ class CriticDaemon:
             return 0
         return min(n, max(1, int(steps_per_s * cfg.critic_wait / 4))) if steps_per_s > 0 else n
 
-    def publish_first_actor(self, status: str) -> bool:
+    def publish_first_actor(self, status: str | None = None) -> bool:
         """The daemon's own actor: its untrained actor is published when the random phase ends, so that RL
         jobs can start before the first chunk is due (none is due while the stored steps are exactly
         initial_steps), and never before the scheduler's set-up (status "created" until then), which empties
         the run's keys on a fan-out instance: with no random phase it would delete this version there.
+        `status` is the run's, when the caller has read it (read here otherwise, and only at version 0).
         Whether it published."""
-        if self.agent is None or self.version != 0 or status == "created" or \
+        if self.agent is None or self.version != 0:
+            return False
+        if (status if status is not None else self.store.status()) == "created" or \
                 self.store.state_field("steps") < self.cfg.initial_steps:
             return False
         self.sync()
