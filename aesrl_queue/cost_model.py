@@ -18,11 +18,15 @@ measured `duration` leaves out; on 2 shared cores real workers spend 10-30 ms th
 With duration_spread s > 0 each job's duration is that times a lognormal factor of mean 1 and
 coefficient of variation s, drawn from the run's seed and the job's id (the same run again gives the
 same factors): real workers' durations spread (on 2 shared cores, by 0.25-0.65 of their mean).
+The critic daemon publishes nothing and trains nothing before critic_start_s after the run's start (or
+its resume): a real daemon is a process of its own that needs seconds to start (1.5-2.0 s on an H200
+host), and what the run does in them (the random phase ends, RL jobs wait) depends on it.
 
 `calibrate` measures the pieces one at a time with one core each. With `workers` it also runs a short
 real `es` run of the config's environment and actor with that many worker processes and fits the
 model to it (cli/launch.py, `fit_to_workers`): the job durations scaled to the real ones (the machine as loaded by
 those workers), and worker_gap_s and duration_spread read off that run. Both are 0 without it.
+critic_start_s is not measured there: `critic_start` reads it off a real run of the default.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ FIELDS = {
     "tell_s": "seconds of the scheduler's loop per result (its tell and its share of the commits)",
     "worker_gap_s": "seconds a worker spends between two jobs, outside both (dequeue, set-up)",
     "duration_spread": "coefficient of variation of a job's duration (a seeded lognormal factor; 0: exact)",
+    "critic_start_s": "seconds from a run's start (or resume) until its critic daemon can publish (process "
+                      "start, imports, the learner built)",
 }
 
 
@@ -68,6 +74,7 @@ class CostModel:
     tell_s: float = 6.5e-4
     worker_gap_s: float = 0.0
     duration_spread: float = 0.0
+    critic_start_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -298,11 +305,39 @@ def duration_spread(metrics: list[dict[str, Any]]) -> float:
 
 
 def worker_gap(metrics: list[dict[str, Any]], workers: int) -> float:
-    """A real run's time per job of a worker outside the job's measured duration: the mean cycle of a
-    worker (workers × the span of the results after the random phase / their number) less the mean
-    duration. Read off an `es` run (an aesrl run's workers also wait for its critic)."""
+    """A real run's mean time per job of a worker outside the job's measured duration, read off an `es`
+    run (an aesrl run's workers also wait for its critic). Where the results name their worker: each
+    worker's span from its first result to its last, less the durations of the jobs after its first,
+    over its jobs after its first, pooled over the workers; each worker's own durations cancel, so the
+    estimate carries only the jitter of the tells. Otherwise: the mean cycle of a worker (workers × the
+    span of the results after the random phase / their number) less the mean duration, whose sampling
+    error is the spread of the durations over the square root of their number."""
     ups = measured_updates(metrics)
     if len(ups) < 2:
         return 0.0
+    by_worker: dict[str, list[dict[str, Any]]] = {}
+    for u in ups:
+        if u.get("worker"):
+            by_worker.setdefault(str(u["worker"]), []).append(u)
+    if by_worker and sum(len(v) for v in by_worker.values()) == len(ups):
+        outside, gaps = 0.0, 0
+        for own in by_worker.values():
+            own.sort(key=lambda u: u["t"])
+            outside += own[-1]["t"] - own[0]["t"] - sum(u["duration"] for u in own[1:])
+            gaps += len(own) - 1
+        return max(0.0, outside / gaps) if gaps else 0.0
     cycle = workers * (ups[-1]["t"] - ups[0]["t"]) / (len(ups) - 1)
     return max(0.0, cycle - sum(u["duration"] for u in ups) / len(ups))
+
+
+def critic_start(metrics: list[dict[str, Any]], initial_steps: int) -> float | None:
+    """A real run's critic start-up: the elapsed seconds of its critic's first publication, where the
+    random phase had ended before it (the daemon publishes its untrained actor as soon as it is up and
+    initial_steps are stored: a later publication is its start-up). None where the random phase ended
+    last (the start-up is then hidden in it) or the run published no critic."""
+    first = next((r for r in metrics if r.get("type") == "critic" and isinstance(r.get("elapsed"), int | float)), None)
+    ended = next((u for u in metrics if u.get("type") == "update" and (u.get("steps") or 0) >= initial_steps
+                  and isinstance(u.get("elapsed"), int | float)), None)
+    if first is None or ended is None or ended["elapsed"] >= first["elapsed"]:
+        return None
+    return float(first["elapsed"])

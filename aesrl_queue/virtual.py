@@ -15,7 +15,8 @@ things happen: a heap of virtual times instead of RQ workers and the wall clock.
 - Results are told in virtual completion order; ties of time are broken by the order in which the
   events were made, which the same seed and cost model reproduce.
 - The critic trains chunk after chunk, each n / learner_steps_per_s + publish_latency_s long, n as the
-  daemon picks it (CriticDaemon.next_chunk), with the replay as of the chunk's start.
+  daemon picks it (CriticDaemon.next_chunk), with the replay as of the chunk's start; it does nothing
+  before critic_start_s (its process's start-up) after the run's start or resume.
 - The scheduler's clock is the virtual one: the pace of publications (PUBLISH_HZ; jobs refilled in
   between draw on the last published version), the critic wait and its polls (every 50 ms while it waits for something, 500 ms while slots are free) run in virtual time.
   It tells one result at a time, tell_s each; a result that arrives meanwhile waits its turn.
@@ -75,7 +76,7 @@ POLL_S = 0.5
 # fixed default seed; here the daemon shares a process with the jobs, so its generator is its own).
 CRITIC_SEED_OFFSET = 7919
 # Events at one virtual time run in this order (then in the order they were made).
-ORDER = {"free": 0, "arrive": 1, "result": 2, "commit": 3, "poll": 4}
+ORDER = {"free": 0, "arrive": 1, "result": 2, "commit": 3, "poll": 4, "critic": 5}
 # Virtual seconds between checkpoints of the critic (the daemon's default, in wall seconds, is the same).
 CRITIC_CHECKPOINT_S = 10.0
 
@@ -220,14 +221,19 @@ class VirtualCritic:
                                        checkpoint_every=math.inf)
             self.rng = torch.get_rng_state()  # the daemon's own stream of the global generator
         self.daemon.restore()  # a resumed run's critic: its last checkpoint
-        self.free_at = now  # when the learner may start its next chunk
+        # the daemon's process start-up: it publishes nothing and trains nothing before then
+        self.up_at = now + cost.critic_start_s
+        self.free_at = self.up_at  # when the learner may start its next chunk
         self.checkpointed_at = now
         self.held: tuple[float, dict[str, float]] | None = None  # (publication time, stats) of the chunk trained
 
     def advance(self, t: float) -> None:
         """Publish every chunk that ends by `t`, and train every chunk that starts by `t`; the daemon's
-        untrained actor is published at `t` when the random phase has ended by then, as the daemon does."""
+        untrained actor is published at `t` when the random phase has ended by then, as the daemon does;
+        nothing happens before the daemon is up (`up_at`, when the executor wakes it)."""
         d = self.daemon
+        if t < self.up_at:
+            return
         if self.held is None and d.publish_first_actor():
             self._stamp(t)
             self.on_publish(t)
@@ -475,6 +481,8 @@ class VirtualRun:
         critic = VirtualCritic(client, cfg, cost, published, now=self.now) if needs_critic_daemon(cfg) else None
         self._heap: list = []
         self._seq = itertools.count()
+        if critic is not None and critic.up_at > self.now:
+            self._push(critic.up_at, "critic")  # the daemon is up: it looks at the run then
         free = list(range(self.workers))  # idle virtual workers (lowest first)
         queues: dict[str, deque] = {"rl": deque(), "es": deque()}
         commits: set[float] = set()  # times of the publication wake-ups in the heap
@@ -553,7 +561,7 @@ class VirtualRun:
                 if failures > max(20, 2 * self._slots):
                     raise VirtualRunError(f"{failures} jobs in a row failed; the last: {held.failed}")
                 sched.apply(sched.results.read(sched.last_id, None), refill=not draining)
-            else:  # commit, poll: what the loop does when its read times out
+            elif kind != "critic":  # commit, poll: what the loop does when its read times out
                 sched.apply([], refill=not draining)
             dispatched()
             metrics.now = t

@@ -60,6 +60,7 @@ if str(ROOT) not in sys.path:
 
 from aesrl_queue.cost_model import (  # noqa: E402  (validate's fits, shared with calibrate)
     critic_rates,
+    critic_start,
     duration_spread,
     measured_updates,
     worker_gap,
@@ -248,10 +249,11 @@ def median(values: list[float]) -> float | None:
     return v[len(v) // 2] if v else None
 
 
-def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict[str, Any]]):
+def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict[str, Any]], initial_steps: int = 0):
     """The calibrated model scaled to the real run: each kind of job's durations by the ratio of the real
     run's median duration to the calibrated virtual run's (the same jobs, the same steps), the learner
-    at the real critic's median measured rate."""
+    at the real critic's median measured rate, and its start-up where the real run shows it (its first
+    publication after the random phase ended)."""
 
     def durations(metrics, kind):
         return [float(u["duration"]) for u in measured_updates(metrics, kind)]
@@ -269,7 +271,11 @@ def fitted_cost_model(calibrated, real: list[dict[str, Any]], virtual: list[dict
         changes["actor_step_s"] = calibrated.actor_step_s * k_rl
     if rates:
         changes["learner_steps_per_s"] = median(rates)
-    return dataclasses.replace(calibrated, **changes), {"k_es": k_es, "k_rl": k_rl, "critic_rate": median(rates)}
+    start = critic_start(real, initial_steps)
+    if start is not None:
+        changes["critic_start_s"] = start
+    return dataclasses.replace(calibrated, **changes), {"k_es": k_es, "k_rl": k_rl, "critic_rate": median(rates),
+                                                        "critic_start_s": start}
 
 
 def _cli(args: list[str], log_path: Path) -> float:
@@ -330,7 +336,8 @@ def validate(args: argparse.Namespace) -> None:
                 extra = ["--workers", str(n), "--snapshot-every", "0"]
             else:
                 if variant.startswith("fitted"):
-                    model, fit = fitted_cost_model(calibrated, cells["real"], cells["calibrated"])
+                    initial = json.loads((runs / f"{name}-real" / "config.json").read_text())["initial_steps"]
+                    model, fit = fitted_cost_model(calibrated, cells["real"], cells["calibrated"], initial)
                     if variant in ("fitted-gap", "fitted-spread"):  # and the workers' time between jobs, of the real es run at N
                         es_real = runs / f"val-{args.env.split('-')[0].lower()}-es-n{n}-s{seed}-real"
                         source = read_metrics(es_real) if _finished(es_real) else cells["real"]

@@ -37,6 +37,40 @@ def test_worker_gap_is_the_cycle_less_the_duration():
     assert worker_gap(metrics, 1) == 0.0  # never below 0
 
 
+def test_worker_gap_per_worker_cancels_each_workers_durations():
+    """Results that name their worker: each worker's span less its own jobs' durations, so jobs of widely
+    spread durations give the gap on every draw, where the pooled cycle less the mean duration errs by
+    their spread (the estimate calibrate --workers once clamped to 0 on a loaded machine)."""
+    import random
+
+    per_worker, pooled = [], []
+    for seed in range(10):
+        rng, metrics = random.Random(seed), []
+        for w, start in (("a", 0.0), ("b", 0.013)):
+            t = start
+            for _ in range(12):
+                d = rng.lognormvariate(math.log(0.04), 0.6)
+                t += d
+                metrics.append({"type": "update", "random": False, "t": t, "duration": d, "worker": w})
+                t += 0.005  # the worker's time between this job's end and the next one's start
+        metrics.sort(key=lambda u: u["t"])
+        per_worker.append(worker_gap(metrics, 2))
+        pooled.append(worker_gap([{k: v for k, v in u.items() if k != "worker"} for u in metrics], 2))
+    assert per_worker == pytest.approx([0.005] * 10)
+    assert max(pooled) - min(pooled) > 0.005, pooled
+
+
+def test_critic_start_is_the_first_publication_after_the_random_phase():
+    """A real run's critic start-up: its first publication where the random phase (initial_steps stored)
+    ended before it; none where the phase ended after it (the start-up is hidden in the phase)."""
+    from aesrl_queue.cost_model import critic_start
+
+    updates = [{"type": "update", "elapsed": 0.1 * i, "steps": 1000 * i} for i in range(1, 40)]
+    late = [*updates[:12], {"type": "critic", "elapsed": 1.7, "critic_version": 1}, *updates[12:]]
+    assert critic_start(late, initial_steps=10_000) == 1.7
+    assert critic_start(late, initial_steps=30_000) is None  # 30 000 stored at 3.0 s, after the publication
+    assert critic_start(updates, initial_steps=10_000) is None  # no critic
+
 def _ptd3(tmp_path, workers: int, rate: float, run_id: str, spread: float = 0.0, critic_lag: int = 0):
     from aesrl_queue.config import RunConfig
     from aesrl_queue.cost_model import CostModel

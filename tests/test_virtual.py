@@ -100,6 +100,25 @@ def test_the_daemons_untrained_actor_is_published_when_the_random_phase_ends_wit
     assert summary["rl_applied"] > 0 and learned[0]["kind"] == "rl"  # not the ES jobs of a gate that gave up
 
 
+def test_the_critic_does_nothing_before_its_start_up(tmp_path):
+    """critic_start_s: the daemon's process start-up. The random phase ends long before it, the run holds
+    its jobs for a critic (as the scheduler does for a daemon still starting), and the untrained actor
+    goes out at the start-up's end, when the executor wakes the critic, with the whole random phase stored."""
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id="virtual-critic-start", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), env_kwargs={"episode_len": EPISODE_LEN}, total_steps=500,
+                                initial_steps=160, batch_size=32, critic_chunk=40).resolve()
+    run = VirtualRun(cfg, 3, CostModel(critic_start_s=2.5), out_dir=tmp_path)
+    summary = run.run()
+    records = read_metrics(run.run_dir)
+    updates = [r for r in records if r["type"] == "update"]
+    assert summary["status"] == "finished" and summary["rl_applied"] > 0
+    random_ended = max(r["t"] for r in updates if r["random"])
+    first = next(r for r in records if r["type"] == "critic")
+    assert random_ended < 1.0 and first["t"] == 2.5 and first["critic_steps"] == 0
+    assert first["steps"] == sum(r["len"] for r in updates if r["random"])  # no learned job before it
+    assert min(r["t"] for r in updates if not r["random"]) > 2.5
+
+
 @pytest.mark.parametrize("algo", ["opo", "acemrl"])
 def test_the_daemons_own_actor_serves_the_other_asynchronous_algorithms(tmp_path, algo):
     """rl_steps_max 0 is not aesrl's alone: opo's and acemrl's RL individuals can be the learner's actor too
