@@ -7,7 +7,10 @@ issue asks of it, read off the cell's metrics.jsonl (`aesrl-queue plot` draws th
 - f(μ) at --interactions needed interactions: the mean of the last 10 f(μ) estimates up to the first
   update at or past that mark (the learning protocol's fixed-start-state scoring is not applied yet);
 - the virtual seconds until that mean first reaches each of --thresholds;
-- the staleness: quantiles of `lag` (versions μ moved while an individual ran) over the run.
+- the staleness: quantiles of `lag` (versions μ moved while an individual ran) over the run;
+- `policy_score`: the learning protocol's score of the final policy.npz (μ; the parallel TD3's actor),
+  one deterministic episode from each of its 10 fixed start states, written at `policy_steps` stored
+  steps (`rescore FILE` adds it to rows written without it).
 
 `--staleness drop:K` or `decay:H` (issue 47, item 4; bench options, adopted by development seeds only)
 weighs a result by its age, the versions μ moved between its ask and its tell: drop:K leaves a result
@@ -172,7 +175,33 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
             "run_dir": str(run_dir),
             "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
             "wall_s": round(time.monotonic() - t0, 1),
-            **score(read_metrics(run_dir), cell["interactions"], cell["thresholds"])}
+            **score(read_metrics(run_dir), cell["interactions"], cell["thresholds"]),
+            **final_policy_score(run_dir)}
+
+
+def final_policy_score(run_dir: str | Path) -> dict[str, Any]:
+    """The learning protocol's score of the run's final policy (policy.npz: μ, or parallel TD3's actor),
+    its deterministic episodes from the protocol's fixed start states (bench/learning.py), and the
+    stored steps it was written at; nothing where the folder has no policy."""
+    from bench.learning import PROTOCOL, score_snapshot
+
+    path = Path(run_dir) / "policy.npz"
+    if not path.is_file():
+        return {}
+    steps = json.loads((Path(run_dir) / "summary.json").read_text()).get("steps")
+    return {"policy_score": score_snapshot(path, PROTOCOL["eval_seeds"])["mean"], "policy_steps": steps}
+
+
+def rescore(args: argparse.Namespace) -> None:
+    """Add final_policy_score to the rows of results files written before measure scored policies."""
+    for name in args.files:
+        path = Path(name)
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for row in rows:
+            if "policy_score" not in row and row.get("status") == "finished":
+                row.update(final_policy_score(row["run_dir"]))
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"{path}: {sum('policy_score' in r for r in rows)} of {len(rows)} rows scored")
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -470,8 +499,10 @@ def main() -> None:
     p.add_argument("files", nargs="+", metavar="FILE[:ALGO=LABEL]",
                    help="results files of measure; ALGO=LABEL names that file's series of ALGO")
     p.add_argument("--out", default="docs/img/virtual-workers.png")
+    r = sub.add_parser("rescore", help="add the protocol's score of each finished row's policy.npz")
+    r.add_argument("files", nargs="+", metavar="FILE", help="results files of measure")
     args = ap.parse_args()
-    {"measure": measure, "validate": validate, "plot": plot}[args.mode](args)
+    {"measure": measure, "validate": validate, "plot": plot, "rescore": rescore}[args.mode](args)
 
 
 if __name__ == "__main__":

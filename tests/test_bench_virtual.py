@@ -4,6 +4,7 @@ the parallel TD3 of its measurement (bench/parallel_td3.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
@@ -104,6 +105,18 @@ def test_parallel_td3_is_repeatable_learns_at_its_rate_and_stores_in_completion_
     assert fast["updates"] == pytest.approx(3 * sa["updates"], abs=3)
     got = score_snapshot(a / "policy.npz", [10_000, 10_001])
     assert len(got["returns"]) == 2 and math.isfinite(got["mean"])
+    # measure's rows score the final policy from the protocol's 10 start states; rescore adds that to rows
+    # written without it, finished ones only
+    from bench.learning import PROTOCOL
+    from bench.virtual import rescore
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"status": "finished", "run_dir": str(a)}) + "\n"
+                    + json.dumps({"status": "stopped", "run_dir": str(b)}) + "\n")
+    rescore(argparse.Namespace(files=[str(rows)]))
+    done, stopped = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert done["policy_score"] == score_snapshot(a / "policy.npz", PROTOCOL["eval_seeds"])["mean"]
+    assert done["policy_steps"] == sa["steps"] and "policy_score" not in stopped
     # held for the learner (critic_lag): the workers wait, so it trails the stored steps by at most that
     # much and an episode (the 3 x rate run above, unheld, trained 3 x the steps and no more)
     _, held = _ptd3(tmp_path / "d", 4, 100.0, "ptd3", critic_lag=300)
