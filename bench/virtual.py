@@ -95,7 +95,8 @@ def score(metrics: list[dict[str, Any]], interactions: int, thresholds: list[flo
         return lags[min(len(lags) - 1, int(p * len(lags)))] if lags else None
 
     return {"f_mu_at_mark": at_mark, "virtual_s_to": reached, "lag_p50": q(0.5), "lag_p90": q(0.9),
-            "lag_max": lags[-1] if lags else None, "updates": len(updates)}
+            "lag_max": lags[-1] if lags else None, "updates": len(updates),
+            "random_results": sum(bool(u.get("random")) for u in updates)}
 
 
 def parse_staleness(rule: str | None) -> tuple[str, float] | None:
@@ -170,7 +171,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
         with staleness(rule):
             summary, run_dir = run.run(), run.run_dir
-    return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "settings", "cost_model")},
+    return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "interactions", "settings", "cost_model")},
             **({"staleness": rule} if rule else {}),
             "run_dir": str(run_dir),
             "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
@@ -192,6 +193,54 @@ def final_policy_score(run_dir: str | Path) -> dict[str, Any]:
     return {"policy_score": score_snapshot(path, PROTOCOL["eval_seeds"])["mean"], "policy_steps": steps}
 
 
+def table(args: argparse.Namespace) -> None:
+    """The grid as a table: per environment, algorithm and N, each seed's final-policy score (its mean
+    over seeds, and that mean less N = 2's of the same algorithm: the reference), f(μ)~ at the mark, the
+    random results, the virtual seconds of the run and to each threshold (the seeds' mean, of those that
+    reached it: k/n says how many did). The last line of a cell run again counts."""
+    cells: dict[tuple, dict[int, dict[str, Any]]] = {}
+    for name in args.files:
+        for line in Path(name).read_text().splitlines():
+            row = json.loads(line)
+            if row.get("status") != "finished":
+                continue
+            key = (row["env"], row["algo"], row["steps"], row.get("staleness") or "",
+                   json.dumps(row.get("settings") or {}), row.get("cost_model"))
+            cells.setdefault(key, {}).setdefault(row["workers"], {})[row["seed"]] = row
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    def fmt(v, digits=0):
+        return "–" if v is None else f"{v:,.{digits}f}"
+
+    for (env, algo, _, rule, settings, _), by_n in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        first = next(iter(next(iter(by_n.values())).values()))
+        thresholds = list(first["virtual_s_to"])
+        extra = " ".join(x for x in (rule, settings if settings != "{}" else "") if x)
+        mark = first.get("interactions", args.interactions)
+        print(f"\n{env}, {algo}{(' ' + extra) if extra else ''}, {first['steps']:,} steps, f(μ)~ at "
+              f"{mark:,} interactions; cost model {first['cost_model']}")
+        print("| N | seeds | final policy (each seed) | mean | vs N = 2 | f(μ)~ at mark | random results | "
+              "virtual s | " + " | ".join(f"s to {float(t):,.0f}" for t in thresholds) + " |")
+        print("|" + "---|" * (8 + len(thresholds)))
+        ref = mean(r.get("policy_score") for r in by_n.get(2, {}).values())
+        for n in sorted(by_n):
+            rows = [by_n[n][seed] for seed in sorted(by_n[n])]
+            pol = mean(r.get("policy_score") for r in rows)
+            reach = []
+            for t in thresholds:
+                hit = [r["virtual_s_to"][t] for r in rows if r["virtual_s_to"].get(t) is not None]
+                reach.append(f"{fmt(mean(hit), 1)} ({len(hit)}/{len(rows)})")
+            print(f"| {n:,} | {','.join(str(r['seed']) for r in rows)} | "
+                  f"{' / '.join(fmt(r.get('policy_score')) for r in rows)} | {fmt(pol)} | "
+                  f"{fmt(pol - ref) if pol is not None and ref is not None else '–'} | "
+                  f"{fmt(mean(r.get('f_mu_at_mark') for r in rows))} | "
+                  f"{' / '.join(str(r.get('random_results', '–')) for r in rows)} | "
+                  f"{fmt(mean(r.get('virtual_s') for r in rows), 1)} | " + " | ".join(reach) + " |")
+
+
 def rescore(args: argparse.Namespace) -> None:
     """Add final_policy_score to the rows of results files written before measure scored policies."""
     for name in args.files:
@@ -200,6 +249,11 @@ def rescore(args: argparse.Namespace) -> None:
         for row in rows:
             if "policy_score" not in row and row.get("status") == "finished":
                 row.update(final_policy_score(row["run_dir"]))
+            if "random_results" not in row and row.get("status") == "finished":
+                from aesrl_queue.metrics import read_metrics
+
+                row["random_results"] = sum(bool(u.get("random")) for u in read_metrics(row["run_dir"])
+                                            if u.get("type") == "update")
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{path}: {sum('policy_score' in r for r in rows)} of {len(rows)} rows scored")
 
@@ -501,8 +555,12 @@ def main() -> None:
     p.add_argument("--out", default="docs/img/virtual-workers.png")
     r = sub.add_parser("rescore", help="add the protocol's score of each finished row's policy.npz")
     r.add_argument("files", nargs="+", metavar="FILE", help="results files of measure")
+    t = sub.add_parser("table", help="the grid's table from measure's results files (item 3)")
+    t.add_argument("files", nargs="+", metavar="FILE", help="results files of measure")
+    t.add_argument("--interactions", type=int, default=100_000,
+                   help="the mark rows that do not record theirs were read at (a label)")
     args = ap.parse_args()
-    {"measure": measure, "validate": validate, "plot": plot, "rescore": rescore}[args.mode](args)
+    {"measure": measure, "validate": validate, "plot": plot, "rescore": rescore, "table": table}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -182,3 +182,28 @@ def test_plot_draws_one_series_per_file_and_algo_and_keeps_a_cell_s_last_line(tm
     virtual.plot(argparse.Namespace(files=[f"{first}:aesrl=aesrl, first", str(second)], out=str(out)))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "(4 points of N in 3 series)" in capsys.readouterr().out
+
+
+def test_grid_table_means_seeds_and_sets_each_n_against_n2(tmp_path, capsys):
+    """bench/virtual.py table: per N the seeds' final-policy scores, their mean less N = 2's, and the
+    threshold times of the seeds that reached them; a cell run again counts once, by its last line."""
+    from bench.virtual import table
+
+    def row(n, seed, pol, to_2000, status="finished"):
+        return {"env": "HalfCheetah-v5", "algo": "aesrl", "workers": n, "seed": seed, "steps": 100_000,
+                "interactions": 100_000, "settings": {}, "cost_model": "m.json", "status": status,
+                "policy_score": pol, "f_mu_at_mark": pol - 5, "random_results": 10, "virtual_s": 150.0,
+                "virtual_s_to": {"2000.0": to_2000}}
+
+    rows = [row(2, 1, 5000.0, 40.0), row(2, 2, 6000.0, 60.0), row(16, 1, 100.0, None),
+            row(16, 1, 4000.0, 30.0), row(16, 2, 4400.0, None), row(1024, 1, 9.0, 1.0, status="stopped")]
+    path = tmp_path / "grid.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table(argparse.Namespace(files=[str(path)], interactions=100_000))
+    out = capsys.readouterr().out
+    lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in out.splitlines() if line.startswith("| ") and not line.startswith("| N ")}
+    assert set(lines) == {"2", "16"}  # the stopped cell is left out
+    assert lines["2"][:4] == ["1,2", "5,000 / 6,000", "5,500", "0"]
+    assert lines["16"][:4] == ["1,2", "4,000 / 4,400", "4,200", "-1,300"]
+    assert lines["2"][-1] == "50.0 (2/2)" and lines["16"][-1] == "30.0 (1/2)"
