@@ -18,6 +18,10 @@ older than K versions where the rule's step would move nothing (recorded, counte
 μ and var unmoved), decay:H scales the rule's step p by H / (H + age). Every aesrl-rule run (aesrl, es,
 opo, acemrl) takes it; a synchronous one tells by generation and has no ages.
 
+`--random-cap` (item 4's question for the random phase; a bench option) makes AES-RL's ask count the
+random jobs in flight, so that N workers play initial_steps of random actions and not up to 2 N jobs
+of them (bench/experiments/random-cap.patch is the same change in the core, for real runs).
+
 `--algos ptd3` runs the parallel TD3 of bench/parallel_td3.py (N environment workers feeding one learner
 at the cost model's learner rate, on --algo td3's settings), which is no queue algorithm. `plot` draws
 docs/scaling.md's figure from one or more results files:
@@ -147,6 +151,32 @@ def staleness(rule: str | None):
         distributions.update_ratio, AesrlOptimizer.tell = ratio, tell
 
 
+@contextlib.contextmanager
+def random_cap(on: bool):
+    """While it is open (and `on`), AES-RL's ask sends no more random-action jobs than the steps left to
+    initial_steps hold, counting the random jobs in flight (one episode each): the random phase of N
+    workers is initial_steps long instead of up to N × (1 + queued_per_worker) jobs. The bench form of
+    bench/experiments/random-cap.patch (docs/decisions.md), for virtual runs."""
+    if not on:
+        yield
+        return
+    from aesrl_queue.optimizers.aesrl import AesrlOptimizer
+
+    ask = AesrlOptimizer.ask
+
+    def capped_ask(self, n, steps, inflight, rl):
+        if self.rl and steps < self.cfg.initial_steps:
+            n = min(n, max(0, math.ceil((self.cfg.initial_steps - steps) * self.episodes_per_job / self.job_steps()
+                                        - inflight)))
+        return ask(self, n, steps, inflight, rl)
+
+    AesrlOptimizer.ask = capped_ask
+    try:
+        yield
+    finally:
+        AesrlOptimizer.ask = ask
+
+
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """One virtual run in this (pool) process; its line of the results."""
     from aesrl_queue.config import RunConfig
@@ -154,9 +184,9 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     from aesrl_queue.metrics import read_metrics
     from aesrl_queue.virtual import VirtualRun
 
-    rule = cell.get("staleness")
+    rule, cap = cell.get("staleness"), bool(cell.get("random_cap"))
     run_id = (f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
-              + (f"-{rule.replace(':', '')}" if rule else ""))
+              + (f"-{rule.replace(':', '')}" if rule else "") + ("-rcap" if cap else ""))
     # ptd3: the parallel TD3 of bench/parallel_td3.py, on --algo td3's settings (its learner, sizes)
     algo = "td3" if cell["algo"] == "ptd3" else cell["algo"]
     cfg = RunConfig.from_preset(cell["env"], algo=algo, seed=cell["seed"], run_id=run_id,
@@ -169,10 +199,10 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         run_dir, summary = parallel_td3.run(cfg, cell["workers"], resolve(cell["cost_model"]), cell["runs"])
     else:
         run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
-        with staleness(rule):
+        with staleness(rule), random_cap(cap):
             summary, run_dir = run.run(), run.run_dir
     return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "interactions", "settings", "cost_model")},
-            **({"staleness": rule} if rule else {}),
+            **({"staleness": rule} if rule else {}), **({"random_cap": True} if cap else {}),
             "run_dir": str(run_dir),
             "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
             "wall_s": round(time.monotonic() - t0, 1),
@@ -204,7 +234,8 @@ def table(args: argparse.Namespace) -> None:
             row = json.loads(line)
             if row.get("status") != "finished":
                 continue
-            key = (row["env"], row["algo"], row["steps"], row.get("staleness") or "",
+            key = (row["env"], row["algo"], row["steps"], " ".join(x for x in (
+                       row.get("staleness") or "", "random_cap" if row.get("random_cap") else "") if x),
                    json.dumps(row.get("settings") or {}), row.get("cost_model"))
             cells.setdefault(key, {}).setdefault(row["workers"], {})[row["seed"]] = row
 
@@ -266,7 +297,7 @@ def measure(args: argparse.Namespace) -> None:
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
               "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set),
-              "staleness": args.staleness}
+              "staleness": args.staleness, "random_cap": args.random_cap}
              for env, algo, n, seed in itertools.product(args.envs.split(","), args.algos.split(","),
                                                           args.workers.split(","), args.seeds.split(","))]
     out = Path(args.out)
@@ -488,7 +519,8 @@ def plot(args: argparse.Namespace) -> None:
                 continue
             extra = {k: v for k, v in (cell.get("settings") or {}).items() if k not in ("hidden", "critic_hidden")}
             name = ", ".join(x for x in [label.get(cell["algo"], cell["algo"]), *(f"{k} {v}" for k, v in extra.items()),
-                                         cell.get("staleness") or "", f"{cell['steps'] // 1000}k steps"] if x)
+                                         cell.get("staleness") or "", "random_cap" if cell.get("random_cap") else "",
+                                         f"{cell['steps'] // 1000}k steps"] if x)
             per_n = series.setdefault((cell["env"], name), {})
             seeds = per_n.setdefault(cell["workers"], [])
             seeds[:] = [c for c in seeds if c["seed"] != cell["seed"]] + [cell]  # a cell run again: its last line
@@ -532,6 +564,8 @@ def main() -> None:
     m.add_argument("--cost-model", default=None, help="a cost-model file (default: nominal durations)")
     m.add_argument("--set", default="{}", help='config fields for every cell, as JSON: \'{"critic_hidden": [64, 64]}\'')
     m.add_argument("--jobs", type=int, default=1, help="cells at once, each in its own process")
+    m.add_argument("--random-cap", action="store_true",
+                   help="aesrl: no more random jobs than initial_steps holds, counting those in flight (a bench option)")
     m.add_argument("--staleness", default=None, metavar="RULE",
                    help="drop:K (results older than K versions move nothing) or decay:H (step scaled by H/(H+age))")
     m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")

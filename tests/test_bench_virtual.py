@@ -207,3 +207,32 @@ def test_grid_table_means_seeds_and_sets_each_n_against_n2(tmp_path, capsys):
     assert lines["2"][:4] == ["1,2", "5,000 / 6,000", "5,500", "0"]
     assert lines["16"][:4] == ["1,2", "4,000 / 4,400", "4,200", "-1,300"]
     assert lines["2"][-1] == "50.0 (2/2)" and lines["16"][-1] == "30.0 (1/2)"
+
+
+def test_random_cap_counts_the_random_jobs_in_flight(tmp_path):
+    """--random-cap: 8 virtual workers (16 slots) on a 160-step random phase of 20-step episodes. Without
+    it every slot of the first refill goes out random (16 jobs, 640 steps); with it the random jobs fill
+    initial_steps and no more, and the rest of the budget is learned jobs. The core's ask is restored."""
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.cost_model import CostModel
+    from aesrl_queue.metrics import read_metrics
+    from aesrl_queue.optimizers.aesrl import AesrlOptimizer
+    from aesrl_queue.virtual import VirtualRun
+    from bench.virtual import random_cap
+
+    ask = AesrlOptimizer.ask
+
+    def random_steps(cap: bool, run_id: str) -> tuple[int, int]:
+        cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id=run_id, seed=4, hidden=(8, 8),
+                                    critic_hidden=(16, 16), env_kwargs={"episode_len": 20}, total_steps=1200,
+                                    initial_steps=160, batch_size=32, critic_chunk=40).resolve()
+        run = VirtualRun(cfg, 8, CostModel(), out_dir=tmp_path)
+        with random_cap(cap):
+            run.run()
+        ups = [r for r in read_metrics(run.run_dir) if r["type"] == "update"]
+        return sum(r["len"] for r in ups if r["random"]), sum(not r["random"] for r in ups)
+
+    plain, capped = random_steps(False, "rc-off"), random_steps(True, "rc-on")
+    assert AesrlOptimizer.ask is ask
+    assert plain[0] >= 16 * 20 and capped[0] == 160, (plain, capped)
+    assert capped[1] > plain[1]  # the steps not played at random went to learned jobs
