@@ -225,7 +225,8 @@ def final_policy_score(run_dir: str | Path) -> dict[str, Any]:
 
 def table(args: argparse.Namespace) -> None:
     """The grid as a table: per environment, algorithm and N, each seed's final-policy score (its mean
-    over seeds, and that mean less N = 2's of the same algorithm: the reference), f(μ)~ at the mark, the
+    over seeds, and its difference to N = 2 of the same algorithm, the reference, averaged over the seeds
+    both ran), f(μ)~ at the mark, the
     random results, the virtual seconds of the run and to each threshold (the seeds' mean, of those that
     reached it: k/n says how many did). The last line of a cell run again counts."""
     cells: dict[tuple, dict[int, dict[str, Any]]] = {}
@@ -253,20 +254,23 @@ def table(args: argparse.Namespace) -> None:
         mark = first.get("interactions", args.interactions)
         print(f"\n{env}, {algo}{(' ' + extra) if extra else ''}, {first['steps']:,} steps, f(μ)~ at "
               f"{mark:,} interactions; cost model {first['cost_model']}")
-        print("| N | seeds | final policy (each seed) | mean | vs N = 2 | f(μ)~ at mark | random results | "
+        print("| N | seeds | final policy (each seed) | mean | vs N = 2, same seeds | f(μ)~ at mark | random results | "
               "virtual s | " + " | ".join(f"s to {float(t):,.0f}" for t in thresholds) + " |")
         print("|" + "---|" * (8 + len(thresholds)))
-        ref = mean(r.get("policy_score") for r in by_n.get(2, {}).values())
+        ref = {seed: r.get("policy_score") for seed, r in by_n.get(2, {}).items()}
         for n in sorted(by_n):
             rows = [by_n[n][seed] for seed in sorted(by_n[n])]
             pol = mean(r.get("policy_score") for r in rows)
+            # against N = 2 on the seeds both ran: the mean of the differences, seed by seed
+            diff = mean(r["policy_score"] - ref[r["seed"]] for r in rows
+                        if r.get("policy_score") is not None and ref.get(r["seed"]) is not None)
             reach = []
             for t in thresholds:
                 hit = [r["virtual_s_to"][t] for r in rows if r["virtual_s_to"].get(t) is not None]
                 reach.append(f"{fmt(mean(hit), 1)} ({len(hit)}/{len(rows)})")
             print(f"| {n:,} | {','.join(str(r['seed']) for r in rows)} | "
                   f"{' / '.join(fmt(r.get('policy_score')) for r in rows)} | {fmt(pol)} | "
-                  f"{fmt(pol - ref) if pol is not None and ref is not None else '–'} | "
+                  f"{fmt(diff)} | "
                   f"{fmt(mean(r.get('f_mu_at_mark') for r in rows))} | "
                   f"{' / '.join(str(r.get('random_results', '–')) for r in rows)} | "
                   f"{fmt(mean(r.get('virtual_s') for r in rows), 1)} | " + " | ".join(reach) + " |")

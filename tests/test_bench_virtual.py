@@ -185,7 +185,8 @@ def test_plot_draws_one_series_per_file_and_algo_and_keeps_a_cell_s_last_line(tm
 
 
 def test_grid_table_means_seeds_and_sets_each_n_against_n2(tmp_path, capsys):
-    """bench/virtual.py table: per N the seeds' final-policy scores, their mean less N = 2's, and the
+    """bench/virtual.py table: per N the seeds' final-policy scores, their mean and difference to N = 2 on
+    the seeds both ran, and the
     threshold times of the seeds that reached them; a cell run again counts once, by its last line."""
     from bench.virtual import table
 
@@ -196,7 +197,8 @@ def test_grid_table_means_seeds_and_sets_each_n_against_n2(tmp_path, capsys):
                 "virtual_s_to": {"2000.0": to_2000}}
 
     rows = [row(2, 1, 5000.0, 40.0), row(2, 2, 6000.0, 60.0), row(16, 1, 100.0, None),
-            row(16, 1, 4000.0, 30.0), row(16, 2, 4400.0, None), row(1024, 1, 9.0, 1.0, status="stopped")]
+            row(16, 1, 4000.0, 30.0), row(16, 2, 4400.0, None), row(16, 3, 1000.0, None),
+            row(1024, 1, 9.0, 1.0, status="stopped")]
     path = tmp_path / "grid.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     table(argparse.Namespace(files=[str(path)], interactions=100_000))
@@ -205,8 +207,9 @@ def test_grid_table_means_seeds_and_sets_each_n_against_n2(tmp_path, capsys):
              for line in out.splitlines() if line.startswith("| ") and not line.startswith("| N ")}
     assert set(lines) == {"2", "16"}  # the stopped cell is left out
     assert lines["2"][:4] == ["1,2", "5,000 / 6,000", "5,500", "0"]
-    assert lines["16"][:4] == ["1,2", "4,000 / 4,400", "4,200", "-1,300"]
-    assert lines["2"][-1] == "50.0 (2/2)" and lines["16"][-1] == "30.0 (1/2)"
+    # seed 3 has no N = 2 run: it counts in the mean, not in the difference to N = 2
+    assert lines["16"][:4] == ["1,2,3", "4,000 / 4,400 / 1,000", "3,133", "-1,300"]
+    assert lines["2"][-1] == "50.0 (2/2)" and lines["16"][-1] == "30.0 (1/3)"
 
 
 def test_random_cap_counts_the_random_jobs_in_flight(tmp_path):
