@@ -186,8 +186,8 @@ def test_plot_draws_one_series_per_file_and_algo_and_keeps_a_cell_s_last_line(tm
 
 def test_grid_table_means_seeds_and_sets_each_n_against_n2(tmp_path, capsys):
     """bench/virtual.py table: per N the seeds' final-policy scores, their mean and difference to N = 2 on
-    the seeds both ran, and the
-    threshold times of the seeds that reached them; a cell run again counts once, by its last line."""
+    the seeds both ran, and the threshold times of the seeds that reached them; a cell run again counts
+    once, by its last line."""
     from bench.virtual import table
 
     def row(n, seed, pol, to_2000, status="finished"):
