@@ -4,8 +4,8 @@ grid of environments, algorithms, worker counts and seeds, each cell in its own 
 A skeleton of the measurement: it runs the cells and writes one JSON line per cell with what the
 issue asks of it, read off the cell's metrics.jsonl (`aesrl-queue plot` draws the folders):
 
-- f(μ) at --interactions needed interactions: the mean of the last 10 f(μ) estimates up to the first
-  update at or past that mark (the learning protocol's fixed-start-state scoring is not applied yet);
+- f(μ) at --interactions needed interactions: the mean of the last 10 training-time f(μ) estimates up
+  to the first update at or past that mark;
 - the virtual seconds until that mean first reaches each of --thresholds;
 - the staleness: quantiles of `lag` (versions μ moved while an individual ran) over the run;
 - `policy_score`: the learning protocol's score of the final policy.npz (μ; the parallel TD3's actor),
@@ -99,8 +99,12 @@ def score(metrics: list[dict[str, Any]], interactions: int, thresholds: list[flo
         return lags[min(len(lags) - 1, int(p * len(lags)))] if lags else None
 
     return {"f_mu_at_mark": at_mark, "virtual_s_to": reached, "lag_p50": q(0.5), "lag_p90": q(0.9),
-            "lag_max": lags[-1] if lags else None, "updates": len(updates),
-            "random_results": sum(bool(u.get("random")) for u in updates)}
+            "lag_max": lags[-1] if lags else None, "updates": len(updates), "random_results": random_results(metrics)}
+
+
+def random_results(metrics: list[dict[str, Any]]) -> int:
+    """How many of a run's results were random-action episodes."""
+    return sum(bool(u.get("random")) for u in metrics if u.get("type") == "update")
 
 
 def parse_staleness(rule: str | None) -> tuple[str, float] | None:
@@ -210,6 +214,11 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
             **final_policy_score(run_dir)}
 
 
+def options_label(row: dict[str, Any]) -> str:
+    """A results row's bench options, as the table and the plot name its series ("" for none)."""
+    return " ".join(x for x in (row.get("staleness") or "", "random_cap" if row.get("random_cap") else "") if x)
+
+
 def final_policy_score(run_dir: str | Path) -> dict[str, Any]:
     """The learning protocol's score of the run's final policy (policy.npz: μ, or parallel TD3's actor),
     its deterministic episodes from the protocol's fixed start states (bench/learning.py), and the
@@ -226,18 +235,17 @@ def final_policy_score(run_dir: str | Path) -> dict[str, Any]:
 def table(args: argparse.Namespace) -> None:
     """The grid as a table: per environment, algorithm and N, each seed's final-policy score (its mean
     over seeds, and its difference to N = 2 of the same algorithm, the reference, averaged over the seeds
-    both ran), f(μ)~ at the mark, the
-    random results, the virtual seconds of the run and to each threshold (the seeds' mean, of those that
-    reached it: k/n says how many did). The last line of a cell run again counts."""
+    both ran), f(μ)~ at the mark, the random results, the virtual seconds of the run and to each
+    threshold (the seeds' mean, of those that reached it: k/n says how many did). The last line of a
+    cell run again counts."""
     cells: dict[tuple, dict[int, dict[str, Any]]] = {}
     for name in args.files:
         for line in Path(name).read_text().splitlines():
             row = json.loads(line)
             if row.get("status") != "finished":
                 continue
-            key = (row["env"], row["algo"], row["steps"], " ".join(x for x in (
-                       row.get("staleness") or "", "random_cap" if row.get("random_cap") else "") if x),
-                   json.dumps(row.get("settings") or {}), row.get("cost_model"))
+            key = (row["env"], row["algo"], row["steps"], options_label(row), json.dumps(row.get("settings") or {}),
+                   row.get("cost_model"))
             cells.setdefault(key, {}).setdefault(row["workers"], {})[row["seed"]] = row
 
     def mean(values):
@@ -287,8 +295,7 @@ def rescore(args: argparse.Namespace) -> None:
             if "random_results" not in row and row.get("status") == "finished":
                 from aesrl_queue.metrics import read_metrics
 
-                row["random_results"] = sum(bool(u.get("random")) for u in read_metrics(row["run_dir"])
-                                            if u.get("type") == "update")
+                row["random_results"] = random_results(read_metrics(row["run_dir"]))
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{path}: {sum('policy_score' in r for r in rows)} of {len(rows)} rows scored")
 
@@ -523,8 +530,7 @@ def plot(args: argparse.Namespace) -> None:
                 continue
             extra = {k: v for k, v in (cell.get("settings") or {}).items() if k not in ("hidden", "critic_hidden")}
             name = ", ".join(x for x in [label.get(cell["algo"], cell["algo"]), *(f"{k} {v}" for k, v in extra.items()),
-                                         cell.get("staleness") or "", "random_cap" if cell.get("random_cap") else "",
-                                         f"{cell['steps'] // 1000}k steps"] if x)
+                                         options_label(cell), f"{cell['steps'] // 1000}k steps"] if x)
             per_n = series.setdefault((cell["env"], name), {})
             seeds = per_n.setdefault(cell["workers"], [])
             seeds[:] = [c for c in seeds if c["seed"] != cell["seed"]] + [cell]  # a cell run again: its last line
