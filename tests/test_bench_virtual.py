@@ -211,6 +211,14 @@ def test_grid_table_means_seeds_and_sets_each_n_against_n2(tmp_path, capsys):
     assert lines["16"][:4] == ["1,2,3", "4,000 / 4,400 / 1,000", "3,133", "-1,300"]
     assert lines["2"][-1] == "50.0 (2/2)" and lines["16"][-1] == "30.0 (1/3)"
 
+    # a bench option's series without an N = 2 row is held against the algorithm's own N = 2, and says so
+    capped = {**row(128, 1, 5600.0, 20.0), "random_cap": True}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + [capped]))
+    table(argparse.Namespace(files=[str(path)], interactions=100_000))
+    out = capsys.readouterr().out
+    assert "(vs N = 2: aesrl without random_cap, the same seeds)" in out
+    assert [line for line in out.splitlines() if line.startswith("| 128 ")][0].split("|")[5].strip() == "600"
+
 
 def test_random_cap_counts_the_random_jobs_in_flight(tmp_path):
     """--random-cap: 8 virtual workers (16 slots) on a 160-step random phase of 20-step episodes. Without
