@@ -235,9 +235,10 @@ def final_policy_score(run_dir: str | Path) -> dict[str, Any]:
 def table(args: argparse.Namespace) -> None:
     """The grid as a table: per environment, algorithm and N, each seed's final-policy score (its mean
     over seeds, and its difference to N = 2 of the same algorithm, the reference, averaged over the seeds
-    both ran; a bench option's series without an N = 2 row is held against the algorithm's own N = 2), f(μ)~ at the mark, the random results, the virtual seconds of the run and to each
-    threshold (the seeds' mean, of those that reached it: k/n says how many did). The last line of a
-    cell run again counts."""
+    both ran; a bench option's series without an N = 2 row is held against the algorithm's own N = 2),
+    f(μ)~ at the mark, the random results, the virtual seconds of the run and to each threshold (the
+    seeds' mean, of those that reached it: k/n says how many did). The last line of a cell run again
+    counts."""
     cells: dict[tuple, dict[int, dict[str, Any]]] = {}
     for name in args.files:
         for line in Path(name).read_text().splitlines():
@@ -255,7 +256,7 @@ def table(args: argparse.Namespace) -> None:
     def fmt(v, digits=0):
         return "–" if v is None else f"{v:,.{digits}f}"
 
-    for (env, algo, _, rule, settings, cost), by_n in sorted(cells.items(), key=lambda kv: str(kv[0])):
+    for (env, algo, steps, rule, settings, cost), by_n in sorted(cells.items(), key=lambda kv: str(kv[0])):
         first = next(iter(next(iter(by_n.values())).values()))
         thresholds = list(first["virtual_s_to"])
         extra = " ".join(x for x in (rule, settings if settings != "{}" else "") if x)
@@ -263,7 +264,7 @@ def table(args: argparse.Namespace) -> None:
         print(f"\n{env}, {algo}{(' ' + extra) if extra else ''}, {first['steps']:,} steps, f(μ)~ at "
               f"{mark:,} interactions; cost model {first['cost_model']}")
         # the reference: this series' N = 2, or, for a bench option without one, the same algorithm's N = 2
-        ref_rows = by_n.get(2) or (cells.get((env, algo, _, "", settings, cost)) or {}).get(2, {})
+        ref_rows = by_n.get(2) or (cells.get((env, algo, steps, "", settings, cost)) or {}).get(2, {})
         if rule and 2 not in by_n and ref_rows:
             print(f"(vs N = 2: {algo} without {rule}, the same seeds)")
         ref = {seed: r.get("policy_score") for seed, r in ref_rows.items()}
