@@ -117,7 +117,7 @@ def _episode(length: int) -> dict[str, np.ndarray]:
 
 def simulated_evaluate(client: redis.Redis, episode_s: float, episode_len: int, train_s: float, run: str, job: str,
                        kind: str, version: int, seed: int, spec_hash: str, rl_steps: int = 0,
-                       random_actions: bool = False) -> dict[str, Any]:
+                       random_actions: bool = False, mean_eval: bool = True) -> dict[str, Any]:
     """An ES or RL job's Redis traffic (as workers.jobs does it) with sleeps where episodes and training run;
     one that fails is reported as a failed result and raises, as workers.jobs.evaluate does."""
     from workers import jobs

@@ -78,6 +78,8 @@ class Dispatcher:
             kwargs = {"run": cfg.run_id, "job": jid, "kind": spec["kind"], "version": int(spec["version"]),
                       "seed": int(spec["seed"]), "spec_hash": self.spec_hash,
                       "rl_steps": int(spec.get("rl_steps", 0)), "random_actions": bool(spec.get("random", False))}
+            if not spec.get("mean", True):
+                kwargs["mean_eval"] = False  # only then: the job arguments of every other job stay as they were
             by_queue[spec["kind"]].append(Queue.prepare_data(
                 JOB_FUNCTION, kwargs=kwargs, timeout=cfg.job_timeout, result_ttl=cfg.result_ttl,
                 failure_ttl=cfg.failure_ttl, ttl=cfg.job_timeout * 4, job_id=jid,

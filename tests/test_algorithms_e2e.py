@@ -297,8 +297,17 @@ def check_generations(out: dict, population: int) -> dict[int, list[dict]]:
         assert len(entries) == population and sorted(h["member"] for h in entries) == list(range(population))
         assert [h["told"] for h in entries] == [False] * (population - 1) + [True]
         assert {h["version"] for h in entries[:-1]} == {g} and entries[-1]["version"] == g + 1
+        # One member plays μ's episode, the first ES member (the first of all in the random phase);
+        # the others play their own episode only. The run's f(μ) after the generation is that episode's.
+        first_es = min(h["member"] for h in entries if h["kind"] == "es")
         for h in entries:
-            assert by_job[h["job"]]["res"].version == g and by_job[h["job"]]["res"].f_mu_version == g
+            res = by_job[h["job"]]["res"]
+            assert res.version == g, (g, h)
+            if h["member"] == first_es:
+                assert res.f_mu_version == g and res.eval_steps == res.length and np.isfinite(res.f_mu), (g, res)
+            else:
+                assert res.f_mu_version == -1 and res.eval_steps == 0 and not np.isfinite(res.f_mu), (g, res)
+        assert entries[-1]["f_mu"] == by_job[next(h["job"] for h in entries if h["member"] == first_es)]["res"].f_mu
         if g + 1 in gens:
             told_at = entries[-1]["t"]
             last_end = max(by_job[h["job"]]["end"] for h in entries)
@@ -319,7 +328,7 @@ def check_generations(out: dict, population: int) -> dict[int, list[dict]]:
 
 @pytest.mark.slow
 def test_cemrl_never_has_two_jobs_in_flight(cluster) -> None:
-    steps, population = 4800, 4  # each job stores 400 steps: its episode and μ's
+    steps, population = 3000, 4  # a generation stores 1 000 steps: 4 members' episodes and one of μ
     out = run_scheduler(cluster, "cemrl", "alg-cemrl", steps, "--initial-steps", "600")
     check_common(out, steps)
     check_generations(out, population)
@@ -334,7 +343,7 @@ def test_cemrl_never_has_two_jobs_in_flight(cluster) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("critic_mode", ["--serial-critic", "--parallel-critic"])
 def test_pcemrl_tells_once_per_generation_behind_a_barrier(cluster, critic_mode) -> None:
-    steps, population = 4800, 4  # each job stores 400 steps: its episode and μ's
+    steps, population = 3000, 4  # a generation stores 1 000 steps: 4 members' episodes and one of μ
     run = f"alg-pcemrl{critic_mode.replace('--', '-').split('-critic')[0]}"
     out = run_scheduler(cluster, "pcemrl", run, steps, "--initial-steps", "600", critic_mode)
     check_common(out, steps)

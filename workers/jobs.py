@@ -7,7 +7,8 @@ writes nothing else, so an in-process executor calls it as RQ's path does.
 
 `evaluate` is RQ's entry point and the tests': it reads the job's inputs from Redis (the primary, or
 its host's replica through one reader, workers/replica.py), calls `play`, and writes the outcome with `finish_job`. Jobs carry only
-small JSON arguments (run, job, kind, version, seed, spec_hash, rl_steps, random_actions). What is
+small JSON arguments (run, job, kind, version, seed, spec_hash, rl_steps, random_actions, and mean_eval
+false where the job plays no μ episode). What is
 dear to rebuild per job (environments, networks, the replay mirror, the critic) is kept per process
 in a `_RunContext`, which is why jobs run on a SimpleWorker.
 """
@@ -101,6 +102,7 @@ class JobInputs:
     sample_states: Callable[[int, Any], Any] | None = None  # (n, torch generator) -> n replay states
     current_mu: Callable[[], tuple[int, np.ndarray] | None] | None = None
     device: str = "cpu"
+    mean_eval: bool = True  # False: the job plays no μ episode (the CEM-RL loops' other members)
 
 
 @dataclasses.dataclass
@@ -163,8 +165,9 @@ def play(inp: JobInputs, actor: NumpyActor | None = None) -> Outcome:
     # Paired (the default): the μ the individual was drawn from, from the individual's own start
     # state, so that f(z) − f(μ) measures the policy and not the start. Unpaired (the paper): an ES
     # job the μ it read at its start, an RL job, which trained for seconds meanwhile, μ as it is now.
-    if cfg.es_antithetic and cfg.rl_steps_max == 0:
-        # every episode is an individual's: f(μ) comes from the antithetic pairs alone (the newest)
+    if (cfg.es_antithetic and cfg.rl_steps_max == 0) or not inp.mean_eval:
+        # every episode is an individual's: f(μ) comes from the antithetic pairs alone (the newest), or
+        # from the one member of the generation that plays μ (the CEM-RL loops)
         z = z if kind == "rl" else None
         return Outcome(fitness, length, math.nan, -1, 0, transitions, None, z, extra)
     mean = (inp.version, inp.mu) if kind == "es" or cfg.mean_eval_paired else inp.current_mu()
@@ -314,7 +317,8 @@ class _RunContext:
         self.critic_named = 0  # critic version the primary named at the start of the job
         self.touched = time.monotonic()
 
-    def inputs(self, job: str, kind: str, seed: int, rl_steps: int, random_actions: bool) -> JobInputs | None:
+    def inputs(self, job: str, kind: str, seed: int, rl_steps: int, random_actions: bool,
+               mean_eval: bool = True) -> JobInputs | None:
         """Start `job` and read what it computes from; None if the job is no longer wanted."""
         info = codec.pack({"worker": WORKER_NAME, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
         # an RL job of the daemon's actor plays that actor: μ/var (2 × the actor's bytes) stay unread
@@ -323,7 +327,7 @@ class _RunContext:
             return None
         version, mu, var = started
         inp = JobInputs(self.cfg, kind, seed, version, mu, var, rl_steps, random_actions,
-                        current_mu=self.read_current_mu)
+                        current_mu=self.read_current_mu, mean_eval=mean_eval)
         if kind == "rl":
             # an RL job that trains uses torch, a device and replay states; one that plays the daemon's
             # actor needs none of them
@@ -487,6 +491,7 @@ def evaluate(
     rl_steps: int = 0,
     random_actions: bool = False,
     client: redis.Redis | None = None,
+    mean_eval: bool = True,
 ) -> dict[str, Any]:
     """Evaluate one individual of `run` and append its result to the run's results stream (RQ's entry
     point; `client` is RQ's connection unless given). A job that fails is reported as a failed result
@@ -509,12 +514,12 @@ def evaluate(
                 "the worker and the scheduler disagree on environment or network shape"
             )
         try:
-            inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions))
+            inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions), bool(mean_eval))
         except StaleContext:  # started over under this id: its config, versions and critic are its own
             log.info("run %s was started over; reading its config again", run)
             ctx = _context(client, run, fresh=True)
             store = ctx.store
-            inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions))
+            inp = ctx.inputs(job, kind, int(seed), int(rl_steps), bool(random_actions), bool(mean_eval))
         if inp is None:
             log.info("job %s is no longer in flight (replaced or run over); skipped", job)
             return {"job": job, "skipped": True}

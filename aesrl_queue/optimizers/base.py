@@ -13,7 +13,9 @@ import numpy as np
 
 # A job spec (what `ask` returns) is a plain dict:
 #   {"kind": "es" | "rl", "version": int, "seed": int, "n": int, "rl_steps": int, "random": bool,
-#    "extra": {...}}   # extra: fields kept with the in-flight entry (generation, member)
+#    "mean": bool, "extra": {...}}   # extra: fields kept with the in-flight entry (generation, member)
+# "mean" (optional, true when absent): whether the job plays μ's episodes for the f(μ) it reports, where
+# the run's settings have it play them at all; the CEM-RL loops play them in one member a generation.
 JobSpec = dict[str, Any]
 
 

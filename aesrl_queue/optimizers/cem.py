@@ -1,5 +1,8 @@
 """The synchronous CEM-RL baselines, ask/tell style: `cemrl` asks one member at a time, `pcemrl` a whole
 generation at once; both tell the distribution once per generation, when every member is back.
+One member a generation, the first ES member, plays μ's episode for the run's f(μ) (as the official
+P-CEM-RL measures μ once a generation): the rank-based tell does not use f(μ), and every member
+playing it would spend half the budget's interactions on μ, half of them on repeated start states.
 
 A generation: `population` antithetic members (the + halves first, then their mirrors, as the
 official code orders them); once the random phase is over the first half are RL members, with the
@@ -59,6 +62,7 @@ class CemOptimizer(OwnsDistribution):
         self.dispatched = 0
         self.n_rl = self.n_es = 1
         self.f_mu, self.best, self.best_kept = math.nan, -math.inf, -math.inf
+        self.f_mu_version = -1  # the version f_mu measured (the newest generation's μ episode)
         self.no_critic_gen = -1  # generation in which the critic did not come; its RL members run as ES
         self._z: dict[int, np.ndarray] = {}  # member index -> evaluated parameters (this generation)
         self._need: dict[str, int] = {}  # jobs whose stored individual to fetch after a restart -> member
@@ -73,7 +77,7 @@ class CemOptimizer(OwnsDistribution):
                "critic_request": self.critic_request, "dispatched": self.dispatched, "n_rl": self.n_rl,
                "n_es": self.n_es, "best_fitness": self.best}
         if finite(self.f_mu):
-            out.update(f_mu=self.f_mu, f_mu_version=self.version)
+            out.update(f_mu=self.f_mu, f_mu_version=self.f_mu_version)
         return out
 
     # -- ask -------------------------------------------------------------------------------------
@@ -129,6 +133,7 @@ class CemOptimizer(OwnsDistribution):
                 self.n_es += 1
             specs.append({"kind": kind, "version": self.version, "seed": m["seed"], "n": self.dispatched,
                           "rl_steps": self.gen["rl_steps"] if kind == "rl" else 0, "random": m["random"],
+                          "mean": self.gen.get("mean_member", i) == i,
                           "extra": {"generation": self.gen["g"], "member": i}})
         return specs
 
@@ -153,8 +158,9 @@ class CemOptimizer(OwnsDistribution):
                     m["critic"] = per
             else:
                 members[0]["critic"] = prev_steps  # P-CEM-RL: all critic training before the generation
+        # μ's episode goes with the first ES member: its job is short, so f(μ) comes early in the generation
         self.gen = {"g": g, "version": self.version, "members": members, "steps_at_start": steps,
-                    "rl_steps": min(cfg.rl_steps_max, prev_steps or cfg.max_episode_steps)}
+                    "rl_steps": min(cfg.rl_steps_max, prev_steps or cfg.max_episode_steps), "mean_member": n_rl}
         self._z = {}
         self.events.append(("generation", {"g": g, "version": self.version, "rl": n_rl, "es": cfg.population - n_rl,
                                            "steps": steps}))
@@ -182,7 +188,8 @@ class CemOptimizer(OwnsDistribution):
         self._z[i] = ind.z
         self.best = max(self.best, fit.value)
         f_mus = [mm["f_mu"] for mm in self.gen["members"] if mm["done"] and "f_mu" in mm]
-        self.f_mu = float(np.mean(f_mus)) if f_mus else math.nan
+        if f_mus:  # else the newest generation's f(μ) stands, with its version
+            self.f_mu, self.f_mu_version = float(np.mean(f_mus)), self.version
         g = self.gen["g"]
         told = all(mm["done"] or mm["dropped"] for mm in self.gen["members"])
         mean_before = self.dist.mean
@@ -265,8 +272,8 @@ class CemOptimizer(OwnsDistribution):
         return {"algo": self.cfg.algo, "dist": self.dist.state(arrays=False), "gen": self.gen,
                 "generation": self.generation, "prev_gen_steps": self.prev_gen_steps,
                 "critic_request": self.critic_request, "dispatched": self.dispatched, "n_rl": self.n_rl,
-                "n_es": self.n_es, "f_mu": self.f_mu, "best": self.best, "best_kept": self.best_kept,
-                "no_critic_gen": self.no_critic_gen}
+                "n_es": self.n_es, "f_mu": self.f_mu, "f_mu_version": self.f_mu_version, "best": self.best,
+                "best_kept": self.best_kept, "no_critic_gen": self.no_critic_gen}
 
     def load_state(self, state: dict[str, Any]) -> CemOptimizer:
         """Restore `state()` plus "mean" and "var"; rebuilds the ES members already back from their
@@ -280,6 +287,7 @@ class CemOptimizer(OwnsDistribution):
                      "no_critic_gen"):
             setattr(self, name, int(state[name]))
         self.f_mu, self.best, self.best_kept = float(state["f_mu"]), float(state["best"]), float(state["best_kept"])
+        self.f_mu_version = int(state.get("f_mu_version", self.version if finite(self.f_mu) else -1))
         self._z, self._need = {}, {}
         for i, m in enumerate(self.gen["members"] if self.gen else []):
             if not m["done"]:
