@@ -540,6 +540,9 @@ def plot(args: argparse.Namespace) -> None:
             seeds = per_n.setdefault(cell["workers"], [])
             seeds[:] = [c for c in seeds if c["seed"] != cell["seed"]] + [cell]  # a cell run again: its last line
     envs = sorted({env for env, _ in series})
+    # one colour per series name in every environment's row
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {name: cycle[i % len(cycle)] for i, name in enumerate(sorted({name for _, name in series}))}
     fig, axes = plt.subplots(len(envs), 2, figsize=(11, 4.2 * len(envs)), squeeze=False)
     for row, env in enumerate(envs):
         score, clock = axes[row]
@@ -549,9 +552,9 @@ def plot(args: argparse.Namespace) -> None:
             ns = sorted(per_n)
             for ax, key in ((score, "f_mu_at_mark"), (clock, "virtual_s")):
                 means = [sum(c[key] for c in per_n[n]) / len(per_n[n]) for n in ns]
-                (line,) = ax.plot(ns, means, marker="o", label=name)
+                ax.plot(ns, means, marker="o", label=name, color=colour[name])
                 for n in ns:
-                    ax.scatter([n] * len(per_n[n]), [c[key] for c in per_n[n]], s=10, color=line.get_color())
+                    ax.scatter([n] * len(per_n[n]), [c[key] for c in per_n[n]], s=10, color=colour[name])
         score.set(xscale="log", xlabel="virtual workers N", ylabel="f(μ)~ at the mark", title=f"{env}: score")
         clock.set(xscale="log", yscale="log", xlabel="virtual workers N", ylabel="virtual seconds of the run",
                   title=f"{env}: virtual wall clock")
