@@ -524,6 +524,7 @@ class VirtualRun:
         sched.apply([], refill=True)  # the first jobs (a resume's: for the free slots)
         dispatched()
         saved_at = None  # the virtual time last written to Redis
+        put_back_at = None  # the time of the last event, when it was a result put back to wait for the scheduler
         while True:
             if sched.opt.version != sched.published and sched._next_publish() not in commits:
                 # a new version waits for its publication slot: the loop wakes then, as the real one does
@@ -539,6 +540,14 @@ class VirtualRun:
             t, _, _, kind, payload = heapq.heappop(self._heap)
             self.now = t
             self.events += 1
+            if kind == "result" and busy_until > t and put_back_at == t:
+                # another result waiting for the scheduler at the instant the last one was put back: nothing
+                # has happened since, so the critic, the metrics and the state have nothing new to read.
+                # (When N jobs end together, N - 1 wait and each tell puts every waiting one back: N² / 2
+                # events, which must not cost a Redis round trip each.)
+                self._push(busy_until, "result", payload)
+                continue
+            put_back_at = None
             if kind == "commit":
                 commits.discard(t)
             elif kind == "poll":
@@ -553,6 +562,7 @@ class VirtualRun:
                 start_jobs()
             elif kind == "result" and busy_until > t:
                 self._push(busy_until, "result", payload)  # the scheduler is telling another result
+                put_back_at = t
             elif kind == "result":
                 busy_until = t + cost.tell_s
                 held, slot, seconds = payload
