@@ -25,7 +25,8 @@ host), and what the run does in them (the random phase ends, RL jobs wait) depen
 `calibrate` measures the pieces one at a time with one core each. With `workers` it also runs a short
 real `es` run of the config's environment and actor with that many worker processes and fits the
 model to it (cli/launch.py, `fit_to_workers`): the job durations scaled to the real ones (the machine as loaded by
-those workers), and worker_gap_s and duration_spread read off that run. Both are 0 without it.
+those workers), worker_gap_s read off that run, and duration_spread the spread of its jobs' durations over
+the model's for their steps (an episode's length is the job's own, not a spread). Both are 0 without it.
 critic_start_s is not measured there: `critic_start` reads it off a real run of the default.
 """
 
@@ -289,6 +290,28 @@ def critic_rates(metrics: list[dict[str, Any]]) -> list[float]:
     """The learner steps per second a run's critic records measured (those that measured one)."""
     return [float(r["critic_steps_per_s"]) for r in metrics if r.get("type") == "critic"
             and isinstance(r.get("critic_steps_per_s"), int | float) and r["critic_steps_per_s"] > 0]
+
+
+def duration_ratios(metrics: list[dict[str, Any]], model: CostModel) -> list[float]:
+    """Each measured `es` job's real duration over `model`'s for the steps it played (the run's
+    interactions counter before and after its tell), in the order of that counter."""
+    ratios, before = [], None
+    for u in sorted(measured_updates(metrics, "es"), key=lambda u: u.get("interactions") or 0):
+        played = (u.get("interactions") or 0) - before if before is not None else None
+        before = u.get("interactions") or 0
+        if played and played > 0 and u["duration"] > 0:
+            ratios.append(u["duration"] / model.job_seconds(played, 0))
+    return ratios
+
+
+def ratio_spread(ratios: list[float]) -> float:
+    """The coefficient of variation of `duration_ratios`: the spread of durations that the steps a job
+    plays do not explain (an episode's length is the job's own, which the virtual executor already
+    gives it; Walker2d-v5's falls make raw durations spread more, `duration_spread`)."""
+    if len(ratios) < 3:
+        return 0.0
+    mean = sum(ratios) / len(ratios)
+    return math.sqrt(sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1)) / mean
 
 
 def duration_spread(metrics: list[dict[str, Any]]) -> float:

@@ -378,13 +378,13 @@ def fit_to_workers(cfg, model, workers: int, jobs_per_worker: int = 20, out: str
     """`model` (a CostModel) fitted to a short real `es` run of `cfg`'s environment and actor with `workers` worker
     processes on an embedded Redis (about jobs_per_worker jobs each): env_step_s and job_overhead_s
     scaled by the median ratio of a job's real duration to the model's for the same steps, worker_gap_s
-    and duration_spread of that run (`aesrl-queue calibrate --workers N`); (the fitted model, notes).
+    of that run and duration_spread, the coefficient of variation of that ratio (`aesrl-queue calibrate --workers N`); (the fitted model, notes).
     `out`: keep the run folder there (default: a temporary folder)."""
     import dataclasses
     import tempfile
 
     from aesrl_queue.api import train
-    from aesrl_queue.cost_model import duration_spread, measured_updates, worker_gap
+    from aesrl_queue.cost_model import duration_ratios, duration_spread, measured_updates, ratio_spread, worker_gap
     from aesrl_queue.metrics import read_metrics
 
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -401,20 +401,15 @@ def fit_to_workers(cfg, model, workers: int, jobs_per_worker: int = 20, out: str
     finally:
         if out is None:
             shutil.rmtree(folder, ignore_errors=True)
-    ups = sorted(measured_updates(metrics, "es"), key=lambda u: u["t"])
-    ratios, before = [], None
-    for u in sorted(measured_updates(metrics, "es"), key=lambda u: u.get("interactions") or 0):
-        played = (u.get("interactions") or 0) - before if before is not None else None
-        before = u.get("interactions") or 0
-        if played and played > 0 and u["duration"] > 0:
-            ratios.append(u["duration"] / model.job_seconds(played, 0))
-    if len(ups) < 2 or not ratios:
-        raise RuntimeError(f"the {workers}-worker es run told {len(ups)} results: too few to fit to")
-    ratios.sort()
-    k = ratios[len(ratios) // 2]
+    n_results = len(measured_updates(metrics, "es"))
+    ratios = duration_ratios(metrics, model)
+    if n_results < 2 or not ratios:
+        raise RuntimeError(f"the {workers}-worker es run told {n_results} results: too few to fit to")
+    k = sorted(ratios)[len(ratios) // 2]
+    spread = ratio_spread(ratios)
     fitted = dataclasses.replace(model, env_step_s=model.env_step_s * k, job_overhead_s=model.job_overhead_s * k,
-                                 worker_gap_s=worker_gap(metrics, workers), duration_spread=duration_spread(metrics))
-    notes = {"workers": workers, "es_results": len(ups), "duration_ratio": k, "env_step_s_one_core": model.env_step_s,
+                                 worker_gap_s=worker_gap(metrics, workers), duration_spread=spread)
+    notes = {"workers": workers, "es_results": n_results, "duration_ratio": k, "env_step_s_one_core": model.env_step_s,
              "worker_gap_s": fitted.worker_gap_s, "duration_spread": fitted.duration_spread,
-             "fit_wall_s": round(time.perf_counter() - t0, 1)}
+             "duration_cv": duration_spread(metrics), "fit_wall_s": round(time.perf_counter() - t0, 1)}
     return fitted, notes

@@ -365,6 +365,34 @@ def test_load_resume_continues_a_virtual_run(tmp_path):
     assert json.loads((run.folder / VIRTUAL_FILE).read_text())["resumes"][0]["total_steps"] == 800
 
 
+def test_fitted_spread_leaves_out_what_the_episode_lengths_explain():
+    """A fit's duration_spread is the spread of a job's duration over the model's for its own steps: jobs
+    of lengths 40 to 1 000 that take exactly the model's time have spread 0 (their raw durations spread
+    by ~0.8); a ±20 % factor on top of them gives that factor's spread."""
+    from aesrl_queue.cost_model import duration_ratios, duration_spread, ratio_spread
+
+    model = CostModel(env_step_s=3e-4, job_overhead_s=2e-3)
+    lengths = [40, 1000, 120, 600, 75, 900, 300, 55, 800, 200]
+
+    def records(factors):
+        out, total = [], 0
+        for n, f in zip(lengths, factors, strict=True):
+            total += n
+            out.append({"type": "update", "kind": "es", "interactions": total,
+                        "duration": model.job_seconds(n, 0) * f})
+        return out
+
+    exact = records([1.0] * len(lengths))
+    assert duration_spread(exact) > 0.6
+    # the first result has no count before it: its ratio is unknown
+    assert duration_ratios(exact, model) == pytest.approx([1.0] * (len(lengths) - 1))
+    assert ratio_spread(duration_ratios(exact, model)) == pytest.approx(0.0, abs=1e-9)
+    noisy = records([1.0, 1.2, 0.8] * 3 + [1.0])
+    ratios = duration_ratios(noisy, model)
+    assert ratios == pytest.approx([1.2, 0.8, 1.0, 1.2, 0.8, 1.0, 1.2, 0.8, 1.0])
+    assert ratio_spread(ratios) == pytest.approx(0.1732, abs=1e-3)
+
+
 def test_calibrate_with_workers_fits_the_gap_and_spread_of_a_real_run(tmp_path):
     """`aesrl-queue calibrate --workers 2` on an environment whose episodes sleep a lognormal time: the
     one-core measures, then a real es run with 2 worker processes, whose workers' time between jobs and
