@@ -378,13 +378,20 @@ def fit_to_workers(cfg, model, workers: int, jobs_per_worker: int = 20, out: str
     """`model` (a CostModel) fitted to a short real `es` run of `cfg`'s environment and actor with `workers` worker
     processes on an embedded Redis (about jobs_per_worker jobs each): env_step_s and job_overhead_s
     scaled by the median ratio of a job's real duration to the model's for the same steps, worker_gap_s
-    of that run and duration_spread, the coefficient of variation of that ratio (`aesrl-queue calibrate --workers N`); (the fitted model, notes).
+    of that run and duration_spread, the coefficient of variation of that ratio (`aesrl-queue calibrate
+    --workers N`); (the fitted model, notes).
     `out`: keep the run folder there (default: a temporary folder)."""
     import dataclasses
     import tempfile
 
     from aesrl_queue.api import train
-    from aesrl_queue.cost_model import duration_ratios, duration_spread, measured_updates, ratio_spread, worker_gap
+    from aesrl_queue.cost_model import (
+        duration_ratios,
+        duration_spread,
+        measured_updates,
+        ratio_spread,
+        worker_gap,
+    )
     from aesrl_queue.metrics import read_metrics
 
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
