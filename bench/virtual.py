@@ -31,6 +31,12 @@ docs/scaling.md's figure from one or more results files:
     python bench/virtual.py measure --envs HalfCheetah-v5,Walker2d-v5 --algos aesrl,pcemrl --workers 2,16,128,1024 \\
         --seeds 1,2 --steps 100000 --cost-model cost-model.json [--jobs 2] [--runs DIR] [--out FILE]
 
+`scores` (item 2, MuJoCo): measure's virtual runs' final-policy scores against the real runs of the
+learning protocol's results files (`--real FILE:ALGO`, default its development and report rows of the
+default aesrl), each virtual run inside their range or not, and the difference of the means:
+
+    python bench/virtual.py scores bench/results/virtual-validate-mujoco.jsonl
+
 `validate` (issue 47, item 2): the same configs run by real worker processes (`aesrl-queue run --workers
 N`) and by the virtual executor (`run --virtual-workers N`), one after the other, and a table of the
 staleness (`lag`, versions μ moved between an individual's ask and its tell, non-random results) of
@@ -287,6 +293,54 @@ def table(args: argparse.Namespace) -> None:
                   f"{fmt(mean(r.get('f_mu_at_mark') for r in rows))} | "
                   f"{' / '.join(str(r.get('random_results', '–')) for r in rows)} | "
                   f"{fmt(mean(r.get('virtual_s') for r in rows), 1)} | " + " | ".join(reach) + " |")
+
+
+REAL_SCORES = ("bench/results/learning-protocol-v2-dev.json:aesrl-learner-actor-anti90-lag1k",
+               "bench/results/learning-protocol-v2.json:aesrl")
+
+
+def scores(args: argparse.Namespace) -> None:
+    """Item 2's score check: per environment, the final-policy scores of measure's virtual runs against
+    those of real runs of the same algorithm, rows of the learning protocol's results files (FILE:ALGO;
+    their score at 100 % of the stored steps, the same 10 fixed starts): each real run, their range and
+    mean, each virtual run and whether it lies inside the real range, and the difference of the means
+    with a 95 % percentile bootstrap interval (each side resampled on its own, 5 000 resamples)."""
+    import numpy as np
+
+    real: dict[str, list[tuple[int, float, str]]] = {}
+    for spec in args.real:
+        name, _, algo = spec.rpartition(":")
+        for row in json.loads(Path(name).read_text())["rows"]:
+            score = ((row.get("scores") or {}).get("100") or {}).get("mean")
+            if row["algo"] == algo and score is not None:
+                real.setdefault(row["env"], []).append((row["seed"], float(score), row["commit"][:7]))
+    virtual: dict[str, list[dict[str, Any]]] = {}
+    for name in args.files:
+        for line in Path(name).read_text().splitlines():
+            row = json.loads(line)
+            if row.get("status") == "finished" and row.get("policy_score") is not None:
+                virtual.setdefault(row["env"], []).append(row)
+    rng = np.random.default_rng(0)
+    print("| env | real runs (seed: score) | real range | real mean | virtual N | virtual runs (seed: score) | "
+          "inside the range | virtual − real, means [95 % CI] |")
+    print("|---|---|---|---|---|---|---|---|")
+    for env in sorted(virtual):
+        rs, vs = real.get(env, []), sorted(virtual[env], key=lambda r: (r["workers"], r["seed"]))
+        if not rs:
+            print(f"| {env} | none | | | | | | |")
+            continue
+        r_scores = np.array([s for _, s, _ in rs])
+        v_scores = np.array([r["policy_score"] for r in vs])
+        lo, hi = r_scores.min(), r_scores.max()
+        inside = sum(lo <= v <= hi for v in v_scores)
+        boots = [rng.choice(v_scores, len(v_scores)).mean() - rng.choice(r_scores, len(r_scores)).mean()
+                 for _ in range(5000)]
+        c_lo, c_hi = np.percentile(boots, [2.5, 97.5])
+        v_list = ", ".join(f"{r['seed']}: {r['policy_score']:,.0f}" for r in vs)
+        v_n = ",".join(str(n) for n in sorted({r["workers"] for r in vs}))
+        print(f"| {env} | {', '.join(f'{seed}: {s:,.0f}' for seed, s, _ in sorted(rs))} | {lo:,.0f} – {hi:,.0f} | "
+              f"{r_scores.mean():,.0f} | {v_n} | {v_list} | "
+              f"{inside} of {len(vs)} | {v_scores.mean() - r_scores.mean():+,.0f} [{c_lo:+,.0f}, {c_hi:+,.0f}] |")
 
 
 def rescore(args: argparse.Namespace) -> None:
@@ -611,8 +665,15 @@ def main() -> None:
     t.add_argument("files", nargs="+", metavar="FILE", help="results files of measure")
     t.add_argument("--interactions", type=int, default=100_000,
                    help="the mark rows that do not record theirs were read at (a label)")
+    c = sub.add_parser("scores", help="virtual runs' final scores against real runs' (item 2, MuJoCo)")
+    c.add_argument("files", nargs="+", metavar="FILE", help="results files of measure")
+    c.add_argument("--real", action="append", metavar="FILE:ALGO",
+                   help=f"the learning protocol's rows of ALGO in FILE (repeatable; default: {' and '.join(REAL_SCORES)})")
     args = ap.parse_args()
-    {"measure": measure, "validate": validate, "plot": plot, "rescore": rescore, "table": table}[args.mode](args)
+    if args.mode == "scores" and not args.real:
+        args.real = list(REAL_SCORES)
+    {"measure": measure, "validate": validate, "plot": plot, "rescore": rescore, "table": table,
+     "scores": scores}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -247,3 +247,28 @@ def test_random_cap_counts_the_random_jobs_in_flight(tmp_path):
     assert AesrlOptimizer.ask is ask
     assert plain[0] >= 16 * 20 and capped[0] == 160, (plain, capped)
     assert capped[1] > plain[1]  # the steps not played at random went to learned jobs
+
+
+def test_scores_hold_each_virtual_run_against_the_real_runs_range(tmp_path, capsys):
+    """`scores`: the real rows of the named algorithm only (their 100 % score), each virtual run inside or
+    outside their range, and the difference of the means."""
+    from bench.virtual import scores
+
+    def real_row(algo, seed, score):
+        return {"env": "Walker2d-v5", "algo": algo, "seed": seed, "commit": "abcdef0123",
+                "scores": {"100": {"mean": score}}}
+
+    proto = tmp_path / "proto.json"
+    proto.write_text(json.dumps({"rows": [real_row("aesrl", 1, 1000.0), real_row("aesrl", 2, 3000.0),
+                                          real_row("td3", 1, 9000.0)]}))
+    virt = tmp_path / "virtual.jsonl"
+    virt.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"env": "Walker2d-v5", "workers": 2, "seed": 1, "status": "finished", "policy_score": 2500.0},
+        {"env": "Walker2d-v5", "workers": 2, "seed": 2, "status": "finished", "policy_score": 3500.0},
+        {"env": "Walker2d-v5", "workers": 2, "seed": 3, "status": "stopped", "policy_score": 1.0})))
+    scores(argparse.Namespace(files=[str(virt)], real=[f"{proto}:aesrl"]))
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "1: 1,000, 2: 3,000" and cells[2] == "1,000 – 3,000" and cells[3] == "2,000"
+    assert cells[5] == "1: 2,500, 2: 3,500" and cells[6] == "1 of 2"
+    assert cells[7].startswith("+1,000 [")
