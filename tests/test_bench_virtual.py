@@ -71,6 +71,9 @@ def test_critic_start_is_the_first_publication_after_the_random_phase():
     assert critic_start(late, initial_steps=10_000) == 1.7
     assert critic_start(late, initial_steps=30_000) is None  # 30 000 stored at 3.0 s, after the publication
     assert critic_start(updates, initial_steps=10_000) is None  # no critic
+    # published 6 ms after the phase ended (10 000 stored at 1.0 s): the daemon was up, waiting for it
+    waiting = [*updates[:10], {"type": "critic", "elapsed": 1.006, "critic_version": 1}, *updates[10:]]
+    assert critic_start(waiting, initial_steps=10_000) is None
 
 def _ptd3(tmp_path, workers: int, rate: float, run_id: str, spread: float = 0.0, critic_lag: int = 0):
     from aesrl_queue.config import RunConfig
