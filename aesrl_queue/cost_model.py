@@ -308,10 +308,16 @@ def ratio_spread(ratios: list[float]) -> float:
     """The coefficient of variation of `duration_ratios`: the spread of durations that the steps a job
     plays do not explain (an episode's length is the job's own, which the virtual executor already
     gives it; Walker2d-v5's falls make raw durations spread more, `duration_spread`)."""
-    if len(ratios) < 3:
+    return variation(ratios)
+
+
+def variation(values: list[float]) -> float:
+    """The coefficient of variation of `values` (the sample standard deviation over the mean); 0 for
+    fewer than 3 values."""
+    if len(values) < 3:
         return 0.0
-    mean = sum(ratios) / len(ratios)
-    return math.sqrt(sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1)) / mean
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) / mean
 
 
 def duration_spread(metrics: list[dict[str, Any]]) -> float:
@@ -321,9 +327,7 @@ def duration_spread(metrics: list[dict[str, Any]]) -> float:
     for kind in ("es", "rl"):
         d = [float(u["duration"]) for u in measured_updates(metrics, kind)]
         if len(d) > 2:
-            mean = sum(d) / len(d)
-            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
-            total, n = total + len(d) * sd / mean, n + len(d)
+            total, n = total + len(d) * variation(d), n + len(d)
     return total / n if n else 0.0
 
 

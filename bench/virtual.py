@@ -307,13 +307,13 @@ def scores(args: argparse.Namespace) -> None:
     with a 95 % percentile bootstrap interval (each side resampled on its own, 5 000 resamples)."""
     import numpy as np
 
-    real: dict[str, list[tuple[int, float, str]]] = {}
+    real: dict[str, list[tuple[int, float]]] = {}
     for spec in args.real:
         name, _, algo = spec.rpartition(":")
         for row in json.loads(Path(name).read_text())["rows"]:
             score = ((row.get("scores") or {}).get("100") or {}).get("mean")
             if row["algo"] == algo and score is not None:
-                real.setdefault(row["env"], []).append((row["seed"], float(score), row["commit"][:7]))
+                real.setdefault(row["env"], []).append((row["seed"], float(score)))
     virtual: dict[str, list[dict[str, Any]]] = {}
     for name in args.files:
         for line in Path(name).read_text().splitlines():
@@ -329,7 +329,7 @@ def scores(args: argparse.Namespace) -> None:
         if not rs:
             print(f"| {env} | none | | | | | | |")
             continue
-        r_scores = np.array([s for _, s, _ in rs])
+        r_scores = np.array([s for _, s in rs])
         v_scores = np.array([r["policy_score"] for r in vs])
         lo, hi = r_scores.min(), r_scores.max()
         inside = sum(lo <= v <= hi for v in v_scores)
@@ -338,7 +338,7 @@ def scores(args: argparse.Namespace) -> None:
         c_lo, c_hi = np.percentile(boots, [2.5, 97.5])
         v_list = ", ".join(f"{r['seed']}: {r['policy_score']:,.0f}" for r in vs)
         v_n = ",".join(str(n) for n in sorted({r["workers"] for r in vs}))
-        print(f"| {env} | {', '.join(f'{seed}: {s:,.0f}' for seed, s, _ in sorted(rs))} | {lo:,.0f} – {hi:,.0f} | "
+        print(f"| {env} | {', '.join(f'{seed}: {s:,.0f}' for seed, s in sorted(rs))} | {lo:,.0f} – {hi:,.0f} | "
               f"{r_scores.mean():,.0f} | {v_n} | {v_list} | "
               f"{inside} of {len(vs)} | {v_scores.mean() - r_scores.mean():+,.0f} [{c_lo:+,.0f}, {c_hi:+,.0f}] |")
 
