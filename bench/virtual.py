@@ -291,7 +291,7 @@ def table(args: argparse.Namespace) -> None:
                   f"{' / '.join(fmt(r.get('policy_score')) for r in rows)} | {fmt(pol)} | "
                   f"{fmt(diff)} | "
                   f"{fmt(mean(r.get('f_mu_at_mark') for r in rows))} | "
-                  f"{' / '.join(str(r.get('random_results', '–')) for r in rows)} | "
+                  f"{' / '.join(fmt(r.get('random_results')) for r in rows)} | "
                   f"{fmt(mean(r.get('virtual_s') for r in rows), 1)} | " + " | ".join(reach) + " |")
 
 
