@@ -31,6 +31,12 @@ docs/scaling.md's figure from one or more results files:
     python bench/virtual.py measure --envs HalfCheetah-v5,Walker2d-v5 --algos aesrl,pcemrl --workers 2,16,128,1024 \\
         --seeds 1,2 --steps 100000 --cost-model cost-model.json [--jobs 2] [--runs DIR] [--out FILE]
 
+A cell longer than a sitting runs in pieces: `--minutes M` stops each cell after M wall minutes (as a
+SIGTERM to its process does), its row's status "stopped" and its folder kept; the same command with
+`--resume` continues it (`run --resume`'s virtual resume: the records up to the stop are the
+uninterrupted run's, those after it are not, and the row lists the virtual seconds of each resume in
+`resumed_at`). A finished cell under --resume is read, not run again.
+
 `scores` (item 2, MuJoCo): measure's virtual runs' final-policy scores against the real runs of the
 learning protocol's results files (`--real FILE:ALGO`, default its development and report rows of the
 default aesrl), each virtual run inside their range or not, and the difference of the means:
@@ -187,12 +193,25 @@ def random_cap(on: bool):
         AesrlOptimizer.ask = ask
 
 
+class CellDeadline(KeyboardInterrupt):
+    """A cell's wall-clock deadline (--minutes) or a SIGTERM: the virtual run stops as at Ctrl-C, its folder
+    kept for --resume."""
+
+
+def _stop_cell(signum, frame):
+    raise CellDeadline(f"signal {signum}")
+
+
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
-    """One virtual run in this (pool) process; its line of the results."""
+    """One virtual run in this (pool) process; its line of the results. With cell["resume"] a folder that
+    holds the cell's run continues it (a finished one is only read); with cell["minutes"] the run stops
+    after that many wall minutes (its row's status "stopped"), as it does at a SIGTERM."""
+    import signal
+
     from aesrl_queue.config import RunConfig
     from aesrl_queue.cost_model import resolve
     from aesrl_queue.metrics import read_metrics
-    from aesrl_queue.virtual import VirtualRun
+    from aesrl_queue.virtual import VIRTUAL_FILE, VirtualRun
 
     rule, cap = cell.get("staleness"), bool(cell.get("random_cap"))
     run_id = (f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
@@ -202,22 +221,46 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     cfg = RunConfig.from_preset(cell["env"], algo=algo, seed=cell["seed"], run_id=run_id,
                                 total_steps=cell["steps"], **cell.get("settings", {})).resolve()
     t0 = time.monotonic()
-    shutil.rmtree(Path(cell["runs"]) / run_id, ignore_errors=True)  # a cell run again starts over
+    folder = Path(cell["runs"]) / run_id
+    resume = bool(cell.get("resume")) and cell["algo"] != "ptd3" and (folder / VIRTUAL_FILE).is_file()
+    if not resume:
+        shutil.rmtree(folder, ignore_errors=True)  # a cell run again starts over
+    elif json.loads((folder / VIRTUAL_FILE).read_text())["cost_model"] != resolve(cell.get("cost_model")).to_dict():
+        raise SystemExit(f"{folder} ran under another cost model than {cell.get('cost_model')}: "
+                         "run the cell without --resume to start it over")
     if cell["algo"] == "ptd3":
         from bench import parallel_td3
 
         run_dir, summary = parallel_td3.run(cfg, cell["workers"], resolve(cell["cost_model"]), cell["runs"])
+    elif resume and _finished(folder):
+        run_dir, summary = folder, json.loads((folder / "summary.json").read_text())
     else:
-        run = VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]), out_dir=cell["runs"])
-        with staleness(rule), random_cap(cap):
-            summary, run_dir = run.run(), run.run_dir
+        run = VirtualRun.resumed(folder) if resume else VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]),
+                                                                   out_dir=cell["runs"])
+        before = {s: signal.signal(s, _stop_cell) for s in (signal.SIGTERM, signal.SIGALRM)}
+        if cell.get("minutes"):
+            signal.setitimer(signal.ITIMER_REAL, 60 * float(cell["minutes"]))
+        try:
+            with staleness(rule), random_cap(cap):
+                summary, run_dir = run.run(), run.run_dir
+        except CellDeadline:
+            summary, run_dir = run.summary or {"status": "stopped"}, run.run_dir
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for s, handler in before.items():
+                signal.signal(s, handler)
+    facts = summary.get("virtual", {})
+    resumes = [r["virtual_s"] for r in facts.get("resumes", [])]
     return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "interactions", "settings", "cost_model")},
             **({"staleness": rule} if rule else {}), **({"random_cap": True} if cap else {}),
             "run_dir": str(run_dir),
-            "status": summary.get("status"), "virtual_s": summary.get("virtual", {}).get("virtual_s"),
-            "wall_s": round(time.monotonic() - t0, 1),
-            **score(read_metrics(run_dir), cell["interactions"], cell["thresholds"]),
-            **final_policy_score(run_dir)}
+            "status": summary.get("status"), "virtual_s": facts.get("virtual_s"),
+            # a resumed cell: the wall seconds of all its incarnations, and where each resume took it up
+            "wall_s": facts["wall_s"] if resumes else round(time.monotonic() - t0, 1),
+            **({"resumed_at": resumes} if resumes else {}),
+            **score(read_metrics(run_dir) if (Path(run_dir) / "metrics.jsonl").is_file() else [],
+                    cell["interactions"], cell["thresholds"]),
+            **(final_policy_score(run_dir) if summary.get("status") == "finished" else {})}
 
 
 def options_label(row: dict[str, Any]) -> str:
@@ -367,7 +410,8 @@ def measure(args: argparse.Namespace) -> None:
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
               "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set),
-              "staleness": args.staleness, "random_cap": args.random_cap}
+              "staleness": args.staleness, "random_cap": args.random_cap, "resume": args.resume,
+              "minutes": args.minutes}
              for env, algo, n, seed in itertools.product(args.envs.split(","), args.algos.split(","),
                                                           args.workers.split(","), args.seeds.split(","))]
     out = Path(args.out)
@@ -641,6 +685,11 @@ def main() -> None:
     m.add_argument("--staleness", default=None, metavar="RULE",
                    help="drop:K (results older than K versions move nothing) or decay:H (step scaled by H/(H+age))")
     m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")
+    m.add_argument("--resume", action="store_true",
+                   help="a cell whose run folder is there continues it (a virtual resume: the records up to the stop "
+                        "are the uninterrupted run's, those after it not); a finished one is read, not run")
+    m.add_argument("--minutes", type=float, default=None,
+                   help="stop each cell after this many wall minutes (as at SIGTERM), to continue with --resume")
     m.add_argument("--out", default="bench/results/virtual.jsonl")
     v = sub.add_parser("validate", help="real worker processes against the virtual executor (item 2)")
     v.add_argument("--env", default="Pendulum-v1")

@@ -275,3 +275,45 @@ def test_scores_hold_each_virtual_run_against_the_real_runs_range(tmp_path, caps
     assert cells[1] == "1: 1,000, 2: 3,000" and cells[2] == "1,000 – 3,000" and cells[3] == "2,000"
     assert cells[5] == "1: 2,500, 2: 3,500" and cells[6] == "1 of 2"
     assert cells[7].startswith("+1,000 [")
+
+
+def test_a_cell_stopped_by_sigterm_resumes_and_a_finished_one_is_read_not_run(tmp_path):
+    """A SIGTERM (or measure --minutes' alarm, the same handler) stops a cell with its folder kept;
+    --resume continues it to its budget and records where; a finished cell under --resume is read
+    without running; a folder of another cost model is refused rather than continued under the wrong one."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from bench.virtual import run_cell
+
+    cell = {"env": "AesrlNull-v0", "algo": "aesrl", "workers": 4, "seed": 3, "steps": 3000, "interactions": 2000,
+            "thresholds": [0.0], "cost_model": None, "runs": str(tmp_path),
+            "settings": {"hidden": [8, 8], "critic_hidden": [16, 16], "env_kwargs": {"episode_len": 20},
+                         "initial_steps": 160, "batch_size": 32, "critic_chunk": 40}}
+    metrics = tmp_path / "v-aesrlnull-aesrl-n4-s3" / "metrics.jsonl"
+
+    def stop_after_30_updates():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if metrics.is_file() and metrics.read_text().count('"update"') >= 30:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.02)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=stop_after_30_updates, daemon=True).start()
+    first = run_cell(cell)
+    assert first["status"] == "stopped" and 30 <= first["updates"] < 150, first
+    assert signal.getsignal(signal.SIGTERM) == handler and "policy_score" not in first
+    done = run_cell({**cell, "resume": True})
+    assert done["status"] == "finished" and done["policy_steps"] >= 3000, done
+    assert len(done["resumed_at"]) == 1 and 0 < done["resumed_at"][0] < done["virtual_s"], done
+    assert done["updates"] > first["updates"] and done["wall_s"] >= first["wall_s"]
+    again = run_cell({**cell, "resume": True})
+    assert again == done  # read: the same row, the same wall seconds
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"env_step_s": 0.5}))
+    with pytest.raises(SystemExit, match="another cost model"):
+        run_cell({**cell, "resume": True, "cost_model": str(other)})
