@@ -170,9 +170,10 @@ def staleness(rule: str | None):
 @contextlib.contextmanager
 def random_cap(on: bool):
     """While it is open (and `on`), AES-RL's ask sends no more random-action jobs than the steps left to
-    initial_steps hold, counting the random jobs in flight (one episode each): the random phase of N
-    workers is initial_steps long instead of up to N × (1 + queued_per_worker) jobs. The bench form of
-    bench/experiments/random-cap.patch (docs/decisions.md), for virtual runs."""
+    initial_steps hold, counting each random job in flight as one full-length episode: the random phase
+    of N workers stores at least initial_steps and less than initial_steps + max_episode_steps, instead
+    of up to N × (1 + queued_per_worker) jobs. The bench form of bench/experiments/random-cap.patch
+    (docs/decisions.md), for virtual runs."""
     if not on:
         yield
         return
@@ -182,8 +183,10 @@ def random_cap(on: bool):
 
     def capped_ask(self, n, steps, inflight, rl):
         if self.rl and steps < self.cfg.initial_steps:
-            n = min(n, max(0, math.ceil((self.cfg.initial_steps - steps) * self.episodes_per_job / self.job_steps()
-                                        - inflight)))
+            # each random job in flight counted as a full episode: the lengths of those still running are
+            # unknown, and the ones that have come back are the short ones (they end first), so with many
+            # jobs out any mean of the returned lengths undercounts those in flight
+            n = min(n, max(0, math.ceil((self.cfg.initial_steps - steps) / self.cfg.max_episode_steps - inflight)))
         return ask(self, n, steps, inflight, rl)
 
     AesrlOptimizer.ask = capped_ask

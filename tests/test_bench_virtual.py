@@ -252,6 +252,30 @@ def test_random_cap_counts_the_random_jobs_in_flight(tmp_path):
     assert capped[1] > plain[1]  # the steps not played at random went to learned jobs
 
 
+def test_random_cap_holds_the_random_phase_when_short_episodes_come_back_first(tmp_path):
+    """InvertedPendulum-v5's random episodes end after 3 to ~30 steps, the short ones first: with 256
+    workers the first results are all 3-step episodes, and a cap that counted the jobs in flight at the
+    returned episodes' mean length let ~3 500 random steps out for initial_steps 2 000. Counted as full
+    episodes, the random phase stores initial_steps and less than one more episode."""
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.cost_model import CostModel
+    from aesrl_queue.metrics import read_metrics
+    from aesrl_queue.virtual import VirtualRun
+    from bench.virtual import random_cap
+
+    cfg = RunConfig.from_preset("InvertedPendulum-v5", algo="aesrl", run_id="rc-short", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), total_steps=2600, initial_steps=2000, batch_size=32,
+                                critic_chunk=40).resolve()
+    run = VirtualRun(cfg, 256, CostModel(), out_dir=tmp_path)
+    with random_cap(True):
+        run.run()
+    ups = [r for r in read_metrics(run.run_dir) if r["type"] == "update"]
+    lens = [r["len"] for r in ups if r["random"]]
+    assert 2000 <= sum(lens) < 2000 + max(lens), (sum(lens), max(lens))
+    assert min(lens[:20]) < sum(lens) / len(lens)  # the short episodes did come back first
+    assert any(not r["random"] for r in ups)
+
+
 def test_scores_hold_each_virtual_run_against_the_real_runs_range(tmp_path, capsys):
     """`scores`: the real rows of the named algorithm only (their 100 % score), each virtual run inside or
     outside their range, and the difference of the means."""
