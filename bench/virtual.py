@@ -31,7 +31,7 @@ docs/scaling.md's figure from one or more results files:
     python bench/virtual.py measure --envs HalfCheetah-v5,Walker2d-v5 --algos aesrl,pcemrl --workers 2,16,128,1024 \\
         --seeds 1,2 --steps 100000 --cost-model cost-model.json [--jobs 2] [--runs DIR] [--out FILE]
 
-A cell longer than a sitting runs in pieces: `--minutes M` stops each cell after M wall minutes (as a
+A cell longer than the time at hand runs in pieces: `--minutes M` stops each cell after M wall minutes (as a
 SIGTERM to its process does), its row's status "stopped" and its folder kept; the same command with
 `--resume` continues it (`run --resume`'s virtual resume: the records up to the stop are the
 uninterrupted run's, those after it are not, and the row lists the virtual seconds of each resume in
