@@ -690,7 +690,8 @@ def main() -> None:
     m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")
     m.add_argument("--resume", action="store_true",
                    help="a cell whose run folder is there continues it (a virtual resume: the records up to the stop "
-                        "are the uninterrupted run's, those after it not); a finished one is read, not run")
+                        "are the uninterrupted run's, those after it not); a finished one is read, not run; "
+                        "ptd3 cells start over")
     m.add_argument("--minutes", type=float, default=None,
                    help="stop each cell after this many wall minutes (as at SIGTERM), to continue with --resume")
     m.add_argument("--out", default="bench/results/virtual.jsonl")
