@@ -410,6 +410,8 @@ def measure(args: argparse.Namespace) -> None:
         parse_staleness(args.staleness)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if args.minutes is not None and not args.minutes > 0:
+        raise SystemExit(f"--minutes must be above 0, got {args.minutes}")
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
               "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set),
