@@ -196,15 +196,6 @@ def random_cap(on: bool):
         AesrlOptimizer.ask = ask
 
 
-class CellDeadline(KeyboardInterrupt):
-    """A cell's wall-clock deadline (--minutes) or a SIGTERM: the virtual run stops as at Ctrl-C, its folder
-    kept for --resume."""
-
-
-def _stop_cell(signum, frame):
-    raise CellDeadline(f"signal {signum}")
-
-
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """One virtual run in this (pool) process; its line of the results. With cell["resume"] a folder that
     holds the cell's run continues it (a finished one is only read); with cell["minutes"] the run stops
@@ -213,6 +204,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
     from aesrl_queue.config import RunConfig
     from aesrl_queue.cost_model import resolve
+    from aesrl_queue.local import Terminated, _raise_terminated
     from aesrl_queue.metrics import read_metrics
     from aesrl_queue.virtual import VIRTUAL_FILE, VirtualRun
 
@@ -224,29 +216,30 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     cfg = RunConfig.from_preset(cell["env"], algo=algo, seed=cell["seed"], run_id=run_id,
                                 total_steps=cell["steps"], **cell.get("settings", {})).resolve()
     t0 = time.monotonic()
+    cost = resolve(cell.get("cost_model"))
     folder = Path(cell["runs"]) / run_id
     resume = bool(cell.get("resume")) and cell["algo"] != "ptd3" and (folder / VIRTUAL_FILE).is_file()
     if not resume:
         shutil.rmtree(folder, ignore_errors=True)  # a cell run again starts over
-    elif json.loads((folder / VIRTUAL_FILE).read_text())["cost_model"] != resolve(cell.get("cost_model")).to_dict():
+    elif json.loads((folder / VIRTUAL_FILE).read_text())["cost_model"] != cost.to_dict():
         raise SystemExit(f"{folder} ran under another cost model than {cell.get('cost_model')}: "
                          "run the cell without --resume to start it over")
     if cell["algo"] == "ptd3":
         from bench import parallel_td3
 
-        run_dir, summary = parallel_td3.run(cfg, cell["workers"], resolve(cell["cost_model"]), cell["runs"])
+        run_dir, summary = parallel_td3.run(cfg, cell["workers"], cost, cell["runs"])
     elif resume and _finished(folder):
         run_dir, summary = folder, json.loads((folder / "summary.json").read_text())
     else:
-        run = VirtualRun.resumed(folder) if resume else VirtualRun(cfg, cell["workers"], resolve(cell["cost_model"]),
-                                                                   out_dir=cell["runs"])
-        before = {s: signal.signal(s, _stop_cell) for s in (signal.SIGTERM, signal.SIGALRM)}
+        run = VirtualRun.resumed(folder) if resume else VirtualRun(cfg, cell["workers"], cost, out_dir=cell["runs"])
+        # a deadline (--minutes) or SIGTERM stops the run as the launcher's SIGTERM does: its folder is kept
+        before = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGALRM)}
         if cell.get("minutes"):
             signal.setitimer(signal.ITIMER_REAL, 60 * float(cell["minutes"]))
         try:
             with staleness(rule), random_cap(cap):
                 summary, run_dir = run.run(), run.run_dir
-        except CellDeadline:
+        except Terminated:
             summary, run_dir = run.summary or {"status": "stopped"}, run.run_dir
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
