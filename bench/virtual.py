@@ -22,6 +22,11 @@ opo, acemrl) takes it; a synchronous one tells by generation and has no ages.
 random jobs in flight, so that N workers play initial_steps of random actions and not up to 2 N jobs
 of them (bench/experiments/random-cap.patch is the same change in the core, for real runs).
 
+`--gate-inflight` (a bench option) makes the critic gate of an asynchronous run count the jobs in flight
+against the room under critic_lag, so that a critic coming within the lag lets out the jobs that room
+holds and not a burst of every free slot drawn from one μ (the gate asks at every event, each ask
+counting only stored steps).
+
 `--algos ptd3` runs the parallel TD3 of bench/parallel_td3.py (N environment workers feeding one learner
 at the cost model's learner rate, on --algo td3's settings), which is no queue algorithm. `plot` draws
 docs/scaling.md's figure from one or more results files:
@@ -196,6 +201,44 @@ def random_cap(on: bool):
         AesrlOptimizer.ask = ask
 
 
+@contextlib.contextmanager
+def gate_inflight(on: bool):
+    """While it is open (and `on`), the critic gate of an asynchronous run (scheduler/critic_gate.py
+    ResultGate) counts the jobs in flight against the room under critic_lag: within the lag it lets out
+    only the jobs that the room left after those in flight holds (each at the optimizer's job_steps),
+    and none while they fill it, except one when nothing is in flight. Without it each ask lets out up to
+    room / job_steps jobs whatever is in flight, and the loop asks at every event, so a critic that
+    comes within the lag opens the run to a burst of up to every free slot drawn from one μ."""
+    if not on:
+        yield
+        return
+    from aesrl_queue.config import critic_due
+    from scheduler.critic_gate import ResultGate
+
+    ask = ResultGate.ask
+
+    def counted_ask(self, n, steps, inflight, critic_version, critic_steps, now):
+        cfg = self.cfg
+        room = cfg.critic_lag - (critic_due(cfg, steps) - critic_steps)
+        if (self.rl and critic_version > 0 and cfg.critic_lag and steps >= cfg.initial_steps and room >= 0
+                and inflight):
+            # the jobs in flight will store their steps: the room they leave, at the optimizer's
+            # expected steps per job
+            left = math.ceil(room / self.opt.job_steps()) - inflight
+            if left <= 0:
+                self._since, self.problem = None, None  # a critic is there and within the lag
+                self._lag_holding = True  # the loop polls often: the critic's progress opens the room
+                return []
+            n = min(n, left)
+        return ask(self, n, steps, inflight, critic_version, critic_steps, now)
+
+    ResultGate.ask = counted_ask
+    try:
+        yield
+    finally:
+        ResultGate.ask = ask
+
+
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """One virtual run in this (pool) process; its line of the results. With cell["resume"] a folder that
     holds the cell's run continues it (a finished one is only read); with cell["minutes"] the run stops
@@ -208,9 +251,9 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     from aesrl_queue.metrics import read_metrics
     from aesrl_queue.virtual import VIRTUAL_FILE, VirtualRun
 
-    rule, cap = cell.get("staleness"), bool(cell.get("random_cap"))
+    rule, cap, gate = cell.get("staleness"), bool(cell.get("random_cap")), bool(cell.get("gate_inflight"))
     run_id = (f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
-              + (f"-{rule.replace(':', '')}" if rule else "") + ("-rcap" if cap else ""))
+              + (f"-{rule.replace(':', '')}" if rule else "") + ("-rcap" if cap else "") + ("-gif" if gate else ""))
     # ptd3: the parallel TD3 of bench/parallel_td3.py, on --algo td3's settings (its learner, sizes)
     algo = "td3" if cell["algo"] == "ptd3" else cell["algo"]
     cfg = RunConfig.from_preset(cell["env"], algo=algo, seed=cell["seed"], run_id=run_id,
@@ -237,7 +280,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         if cell.get("minutes"):
             signal.setitimer(signal.ITIMER_REAL, 60 * float(cell["minutes"]))
         try:
-            with staleness(rule), random_cap(cap):
+            with staleness(rule), random_cap(cap), gate_inflight(gate):
                 summary, run_dir = run.run(), run.run_dir
         except Terminated:
             summary, run_dir = run.summary or {"status": "stopped"}, run.run_dir
@@ -249,7 +292,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     resumes = [r["virtual_s"] for r in facts.get("resumes", [])]
     return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "interactions", "settings", "cost_model")},
             **({"staleness": rule} if rule else {}), **({"random_cap": True} if cap else {}),
-            "run_dir": str(run_dir),
+            **({"gate_inflight": True} if gate else {}), "run_dir": str(run_dir),
             "status": summary.get("status"), "virtual_s": facts.get("virtual_s"),
             # a resumed cell: the wall seconds of all its incarnations, and where each resume took it up
             "wall_s": facts["wall_s"] if resumes else round(time.monotonic() - t0, 1),
@@ -261,7 +304,8 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
 def options_label(row: dict[str, Any]) -> str:
     """A results row's bench options, as the table and the plot name its series ("" for none)."""
-    return " ".join(x for x in (row.get("staleness") or "", "random_cap" if row.get("random_cap") else "") if x)
+    return " ".join(x for x in (row.get("staleness") or "", "random_cap" if row.get("random_cap") else "",
+                                "gate_inflight" if row.get("gate_inflight") else "") if x)
 
 
 def final_policy_score(run_dir: str | Path) -> dict[str, Any]:
@@ -408,7 +452,8 @@ def measure(args: argparse.Namespace) -> None:
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
               "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set),
-              "staleness": args.staleness, "random_cap": args.random_cap, "resume": args.resume,
+              "staleness": args.staleness, "random_cap": args.random_cap, "gate_inflight": args.gate_inflight,
+              "resume": args.resume,
               "minutes": args.minutes}
              for env, algo, n, seed in itertools.product(args.envs.split(","), args.algos.split(","),
                                                           args.workers.split(","), args.seeds.split(","))]
@@ -680,6 +725,9 @@ def main() -> None:
     m.add_argument("--jobs", type=int, default=1, help="cells at once, each in its own process")
     m.add_argument("--random-cap", action="store_true",
                    help="aesrl: no more random jobs than initial_steps holds, counting those in flight (a bench option)")
+    m.add_argument("--gate-inflight", action="store_true",
+                   help="aesrl: the critic gate counts the jobs in flight against the room under critic_lag "
+                        "(a bench option)")
     m.add_argument("--staleness", default=None, metavar="RULE",
                    help="drop:K (results older than K versions move nothing) or decay:H (step scaled by H/(H+age))")
     m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")

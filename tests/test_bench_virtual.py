@@ -276,6 +276,47 @@ def test_random_cap_holds_the_random_phase_when_short_episodes_come_back_first(t
     assert any(not r["random"] for r in ups)
 
 
+def test_gate_inflight_counts_the_jobs_in_flight_against_the_critic_lag(tmp_path):
+    """--gate-inflight: 32 virtual workers of 20-step episodes, a critic of 100 steps a second (the run's
+    bottleneck) and critic_lag 200 steps. The core's gate lets out up to room / 20 jobs per ask whatever
+    is in flight; counting those in flight, no more than 200 / 20 jobs are out past the random phase. Both
+    runs end at the same virtual second (the critic paces them); the core's ask is restored."""
+    from aesrl_queue.config import RunConfig
+    from aesrl_queue.cost_model import CostModel
+    from aesrl_queue.virtual import VirtualRun
+    from bench.virtual import gate_inflight, random_cap
+    from scheduler.critic_gate import ResultGate
+
+    ask = ResultGate.ask
+
+    def most_in_flight(on: bool, run_id: str) -> tuple[int, float]:
+        cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id=run_id, seed=4, hidden=(8, 8),
+                                    critic_hidden=(16, 16), env_kwargs={"episode_len": 20}, total_steps=1600,
+                                    initial_steps=400, batch_size=32, critic_chunk=40, critic_lag=200).resolve()
+        run = VirtualRun(cfg, 32, CostModel(learner_steps_per_s=100.0), out_dir=tmp_path)
+        out = []
+        with gate_inflight(on), random_cap(True):
+            gated = ResultGate.ask
+
+            def seen(self, n, steps, inflight, critic_version, critic_steps, now):
+                jobs = gated(self, n, steps, inflight, critic_version, critic_steps, now)
+                if steps >= cfg.initial_steps and critic_version > 0:
+                    out.append(inflight + len(jobs))  # jobs out once this ask's go
+                return jobs
+
+            ResultGate.ask = seen
+            try:
+                summary = run.run()
+            finally:
+                ResultGate.ask = gated
+        return max(out), summary["virtual"]["virtual_s"]
+
+    plain, counted = most_in_flight(False, "gi-off"), most_in_flight(True, "gi-on")
+    assert ResultGate.ask is ask
+    assert counted[0] <= 200 // 20 < plain[0], (plain, counted)
+    assert abs(counted[1] - plain[1]) < 0.05 * plain[1], (plain, counted)
+
+
 def test_scores_hold_each_virtual_run_against_the_real_runs_range(tmp_path, capsys):
     """`scores`: the real rows of the named algorithm only (their 100 % score), each virtual run inside or
     outside their range, and the difference of the means."""
