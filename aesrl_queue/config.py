@@ -457,7 +457,7 @@ REMOVED_FIELDS: dict[str, str] = {
     "r_window": "the adaptive r's window is fitness.R_WINDOW (100 gaps)",
     "r_factor": "the adaptive r is the robust spread itself",
     "rl_action_limit": "RL jobs train all their steps",
-    "random_cap": "every job asked before initial_steps are stored is random",
+    "random_cap": "the random jobs in flight always count towards initial_steps",
     "action_noise": "ES episodes run the deterministic actor",
     "rl_jump": "RL individuals follow the mean rule",
     "rl_actor": "every RL job trains a fresh sample of N(μ, σ²)",

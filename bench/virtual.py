@@ -18,14 +18,11 @@ older than K versions where the rule's step would move nothing (recorded, counte
 μ and var unmoved), decay:H scales the rule's step p by H / (H + age). Every aesrl-rule run (aesrl, es,
 opo, acemrl) takes it; a synchronous one tells by generation and has no ages.
 
-`--random-cap` (item 4's question for the random phase; a bench option) makes AES-RL's ask count the
-random jobs in flight, so that N workers play initial_steps of random actions and not up to 2 N jobs
-of them (bench/experiments/random-cap.patch is the same change in the core, for real runs).
-
-`--gate-inflight` (a bench option) makes the critic gate of an asynchronous run count the jobs in flight
-against the room under critic_lag, so that a critic coming within the lag lets out the jobs that room
-holds and not a burst of every free slot drawn from one μ (the gate asks at every event, each ask
-counting only stored steps).
+An asynchronous learner's rows (aesrl, opo, acemrl) carry `random_cap` and `gate_inflight`: the core's
+dispatch rules since they won as bench options (docs/decisions.md): the random jobs in flight count
+towards initial_steps, each as a full episode, and the critic gate counts the jobs in flight against the
+room under critic_lag. Rows without them ran the rules before (every free slot random until
+initial_steps were stored; a gate that let out up to room / job_steps jobs at each ask).
 
 `--algos ptd3` runs the parallel TD3 of bench/parallel_td3.py (N environment workers feeding one learner
 at the cost model's learner rate, on --algo td3's settings), which is no queue algorithm. `plot` draws
@@ -172,86 +169,25 @@ def staleness(rule: str | None):
         distributions.update_ratio, AesrlOptimizer.tell = ratio, tell
 
 
-@contextlib.contextmanager
-def random_cap(on: bool):
-    """While it is open (and `on`), AES-RL's ask sends no more random-action jobs than the steps left to
-    initial_steps hold, counting each random job in flight as one full-length episode: the random phase
-    of N workers stores at least initial_steps and less than initial_steps + max_episode_steps, instead
-    of up to N × (1 + queued_per_worker) jobs. The bench form of bench/experiments/random-cap.patch
-    (docs/decisions.md), for virtual runs."""
-    if not on:
-        yield
-        return
-    from aesrl_queue.optimizers.aesrl import AesrlOptimizer
-
-    ask = AesrlOptimizer.ask
-
-    def capped_ask(self, n, steps, inflight, rl):
-        if self.rl and steps < self.cfg.initial_steps:
-            # each random job in flight counted as a full episode: the lengths of those still running are
-            # unknown, and the ones that have come back are the short ones (they end first), so with many
-            # jobs out any mean of the returned lengths undercounts those in flight
-            n = min(n, max(0, math.ceil((self.cfg.initial_steps - steps) / self.cfg.max_episode_steps - inflight)))
-        return ask(self, n, steps, inflight, rl)
-
-    AesrlOptimizer.ask = capped_ask
-    try:
-        yield
-    finally:
-        AesrlOptimizer.ask = ask
-
-
-@contextlib.contextmanager
-def gate_inflight(on: bool):
-    """While it is open (and `on`), the critic gate of an asynchronous run (scheduler/critic_gate.py
-    ResultGate) counts the jobs in flight against the room under critic_lag: within the lag it lets out
-    only the jobs that the room left after those in flight holds (each at the optimizer's job_steps),
-    and none while they fill it, except one when nothing is in flight. Without it each ask lets out up to
-    room / job_steps jobs whatever is in flight, and the loop asks at every event, so a critic that
-    comes within the lag opens the run to a burst of up to every free slot drawn from one μ."""
-    if not on:
-        yield
-        return
-    from aesrl_queue.config import critic_due
-    from scheduler.critic_gate import ResultGate
-
-    ask = ResultGate.ask
-
-    def counted_ask(self, n, steps, inflight, critic_version, critic_steps, now):
-        cfg = self.cfg
-        room = cfg.critic_lag - (critic_due(cfg, steps) - critic_steps)
-        if (self.rl and critic_version > 0 and cfg.critic_lag and steps >= cfg.initial_steps and room >= 0
-                and inflight):
-            # the jobs in flight will store their steps: the room they leave, at the optimizer's
-            # expected steps per job
-            left = math.ceil(room / self.opt.job_steps()) - inflight
-            if left <= 0:
-                self._since, self.problem = None, None  # a critic is there and within the lag
-                self._lag_holding = True  # the loop polls often: the critic's progress opens the room
-                return []
-            n = min(n, left)
-        return ask(self, n, steps, inflight, critic_version, critic_steps, now)
-
-    ResultGate.ask = counted_ask
-    try:
-        yield
-    finally:
-        ResultGate.ask = ask
-
-
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """One virtual run in this (pool) process; its line of the results. With cell["resume"] a folder that
     holds the cell's run continues it (a finished one is only read); with cell["minutes"] the run stops
     after that many wall minutes (its row's status "stopped"), as it does at a SIGTERM."""
     import signal
 
+    from aesrl_queue.algorithms import algorithm
     from aesrl_queue.config import RunConfig
     from aesrl_queue.cost_model import resolve
     from aesrl_queue.local import Terminated, _raise_terminated
     from aesrl_queue.metrics import read_metrics
     from aesrl_queue.virtual import VIRTUAL_FILE, VirtualRun
 
-    rule, cap, gate = cell.get("staleness"), bool(cell.get("random_cap")), bool(cell.get("gate_inflight"))
+    rule = cell.get("staleness")
+    # the rows name the dispatch rules of the asynchronous learners (the random jobs in flight capped at
+    # initial_steps, the critic gate counting the jobs in flight), which the core has run since they
+    # became its defaults: rows without them ran the rules before (docs/scaling.md, "How many workers pay")
+    spec = algorithm("td3" if cell["algo"] == "ptd3" else cell["algo"])
+    cap = gate = spec.tells == "result" and spec.learner
     run_id = (f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
               + (f"-{rule.replace(':', '')}" if rule else "") + ("-rcap" if cap else "") + ("-gif" if gate else ""))
     # ptd3: the parallel TD3 of bench/parallel_td3.py, on --algo td3's settings (its learner, sizes)
@@ -280,7 +216,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         if cell.get("minutes"):
             signal.setitimer(signal.ITIMER_REAL, 60 * float(cell["minutes"]))
         try:
-            with staleness(rule), random_cap(cap), gate_inflight(gate):
+            with staleness(rule):
                 summary, run_dir = run.run(), run.run_dir
         except Terminated:
             summary, run_dir = run.summary or {"status": "stopped"}, run.run_dir
@@ -452,8 +388,7 @@ def measure(args: argparse.Namespace) -> None:
     cells = [{"env": env, "algo": algo, "workers": int(n), "seed": int(seed), "steps": args.steps,
               "interactions": args.interactions, "thresholds": [float(t) for t in args.thresholds.split(",")],
               "cost_model": args.cost_model, "runs": args.runs, "settings": json.loads(args.set),
-              "staleness": args.staleness, "random_cap": args.random_cap, "gate_inflight": args.gate_inflight,
-              "resume": args.resume,
+              "staleness": args.staleness, "resume": args.resume,
               "minutes": args.minutes}
              for env, algo, n, seed in itertools.product(args.envs.split(","), args.algos.split(","),
                                                           args.workers.split(","), args.seeds.split(","))]
@@ -723,11 +658,6 @@ def main() -> None:
     m.add_argument("--cost-model", default=None, help="a cost-model file (default: nominal durations)")
     m.add_argument("--set", default="{}", help='config fields for every cell, as JSON: \'{"critic_hidden": [64, 64]}\'')
     m.add_argument("--jobs", type=int, default=1, help="cells at once, each in its own process")
-    m.add_argument("--random-cap", action="store_true",
-                   help="aesrl: no more random jobs than initial_steps holds, counting those in flight (a bench option)")
-    m.add_argument("--gate-inflight", action="store_true",
-                   help="aesrl: the critic gate counts the jobs in flight against the room under critic_lag "
-                        "(a bench option)")
     m.add_argument("--staleness", default=None, metavar="RULE",
                    help="drop:K (results older than K versions move nothing) or decay:H (step scaled by H/(H+age))")
     m.add_argument("--runs", default="runs/virtual", help="folder of the cells' run folders")

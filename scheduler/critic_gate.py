@@ -9,8 +9,8 @@ which scheduler/problems.py puts on the run's problem line). One gate per way of
 - `ResultGate` (an optimizer that tells every result: aesrl, es, opo, acemrl): past the random
   phase, no jobs for up to critic_wait while no critic has published, then ES alone until one does;
   with a critic, no jobs while it trails its schedule (`config.critic_due`: a step per stored step) by
-  more than critic_lag (unless it stopped training for critic_wait), and no burst of jobs that would
-  overshoot the lag together.
+  more than critic_lag (unless it stopped training for critic_wait), and within the lag no more jobs
+  out, those in flight counted, than the room left under it holds.
 - `GenerationGate` (a generation at a time: cemrl, pcemrl): a generation's RL members wait for the
   critic steps their optimizer requested (critic_on_request), or for a published critic; after
   critic_wait without one they run as ES members, untrained.
@@ -100,10 +100,16 @@ class ResultGate:
             return []
         room = cfg.critic_lag - (critic_due(cfg, steps) - critic_steps)
         if rl_ready and cfg.critic_lag and steps >= cfg.initial_steps and room >= 0:
-            # within critic_lag: one job, or as many as the room left holds, so that the gate does not
-            # open to a burst of jobs (2 per worker) drawn from one μ that overshoot the lag together (a
-            # stopped critic, which no longer holds the run with room < 0, caps nothing)
-            n = min(n, max(1, math.ceil(room / self.opt.job_steps())))
+            # within critic_lag: as many jobs as the room left after those in flight holds (each at the
+            # optimizer's expected steps per job), none while those in flight fill it, and one when
+            # nothing is in flight. The loop asks at every event, so a gate that ignored the jobs in flight
+            # would open to a burst of up to every free slot drawn from one μ, which overshoot the lag
+            # together (a stopped critic, which no longer holds the run with room < 0, caps nothing)
+            left = math.ceil(room / self.opt.job_steps()) - inflight
+            if inflight and left <= 0:
+                self._lag_holding = True  # the critic's progress opens the room: the loop polls often
+                return []
+            n = min(n, max(1, left))
         return self.opt.ask(n, steps, inflight, rl=rl_ready)
 
     def _behind(self, steps: int, critic_steps: int, now: float) -> bool:

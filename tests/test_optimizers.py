@@ -120,12 +120,15 @@ def roundtrip(opt):
 
 # -- AES-RL and its asynchronous relatives ---------------------------------------------------------------
 def test_aesrl_asks_numbered_es_jobs_in_the_random_phase_and_rl_once_a_critic_exists() -> None:
-    cfg = config("aesrl", initial_steps=100, batch_size=32, rl_ratio=0.5, critic_lag=0)
+    cfg = config("aesrl", initial_steps=150, batch_size=32, rl_ratio=0.5, critic_lag=0)
     opt = AesrlOptimizer(cfg, mu0(cfg))
-    specs = ask(opt, 3, steps=0, inflight=0, critic_version=0, now=0.0)
+    specs = ask(opt, 5, steps=0, inflight=0, critic_version=0, now=0.0)
+    # random jobs fill initial_steps at full-length episodes (50 steps here), counting those in flight
     assert [s["n"] for s in specs] == [1, 2, 3]
     assert [s["seed"] for s in specs] == [job_seed(cfg.seed, n) for n in (1, 2, 3)]
     assert all(s["kind"] == "es" and s["random"] and s["version"] == 0 for s in specs)
+    assert ask(opt, 5, steps=0, inflight=3, critic_version=0, now=0.0) == []
+    assert [s["n"] for s in ask(opt, 5, steps=120, inflight=0, critic_version=0, now=0.0)] == [4]
     # Past the random phase, no critic yet: jobs are held for critic_wait seconds, then ES goes on.
     assert ask(opt, 2, steps=200, inflight=0, critic_version=0, now=10.0) == []
     assert gate(opt).waiting
@@ -142,7 +145,7 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     cfg = config("aesrl", initial_steps=100, batch_size=32, critic_lag=500, total_steps=100_000, rl_steps_max=2000)
     opt = AesrlOptimizer(cfg, mu0(cfg))
     # In the random phase the critic's progress never holds a job.
-    assert len(ask(opt, 2, steps=90, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
+    assert len(ask(opt, 2, steps=0, inflight=0, critic_version=1, critic_steps=0, now=0.0)) == 2
     # 1 000 stored steps, the critic at 400: 600 behind, more than critic_lag = 500.
     assert ask(opt, 2, steps=1000, inflight=0, critic_version=1, critic_steps=400, now=1.0) == []
     assert gate(opt).waiting
@@ -156,6 +159,10 @@ def test_aesrl_holds_jobs_while_the_critic_trails_the_replay_and_not_for_a_stopp
     assert len(ask(opt, 9, steps=1000, inflight=0, critic_version=3, critic_steps=700, now=2.0 + cfg.critic_wait)) == 2
     # the critic caught up: room for critic_lag = 500 steps, five such jobs
     assert len(ask(opt, 9, steps=1000, inflight=0, critic_version=3, critic_steps=1000, now=2.0 + cfg.critic_wait)) == 5
+    # the jobs in flight count against that room: three out leave two; five out fill it, and the gate holds
+    assert len(ask(opt, 9, steps=1000, inflight=3, critic_version=3, critic_steps=1000, now=2.0 + cfg.critic_wait)) == 2
+    assert ask(opt, 9, steps=1000, inflight=5, critic_version=3, critic_steps=1000, now=2.0 + cfg.critic_wait) == []
+    assert gate(opt).waiting
     # A critic that stops training holds the run for critic_wait seconds only.
     t = 10.0 + cfg.critic_wait
     assert ask(opt, 1, steps=3000, inflight=0, critic_version=3, critic_steps=500, now=t) == []

@@ -419,3 +419,62 @@ def test_calibrate_with_workers_fits_the_gap_and_spread_of_a_real_run(tmp_path):
     assert model.env_step_s == pytest.approx(fit["env_step_s_one_core"] * fit["duration_ratio"])
     # the steps sleep 2 ms each, whatever the load: no real job is much shorter than its one-core time
     assert fit["duration_ratio"] > 0.5, fit
+
+
+def test_the_random_jobs_in_flight_count_towards_initial_steps(tmp_path):
+    """8 virtual workers (16 slots) on a 160-step random phase of 20-step episodes: the random jobs fill
+    initial_steps and no more (a refill that sent every free slot random stored 16 × 20 = 320 random
+    steps), and the rest of the budget is learned jobs."""
+
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id="rc", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), env_kwargs={"episode_len": 20}, total_steps=1200,
+                                initial_steps=160, batch_size=32, critic_chunk=40).resolve()
+    run = VirtualRun(cfg, 8, CostModel(), out_dir=tmp_path)
+    run.run()
+    ups = [r for r in read_metrics(run.run_dir) if r["type"] == "update"]
+    assert sum(r["len"] for r in ups if r["random"]) == 160
+    assert sum(not r["random"] for r in ups) > 0
+
+
+def test_the_random_phase_holds_when_short_episodes_come_back_first(tmp_path):
+    """InvertedPendulum-v5's random episodes end after 3 to ~30 steps, the short ones first: with 256
+    workers the first results are all 3-step episodes, and a cap that counted the jobs in flight at the
+    returned episodes' mean length let ~3 500 random steps out for initial_steps 2 000. Counted as full
+    episodes, the random phase stores initial_steps and less than one more episode."""
+
+    cfg = RunConfig.from_preset("InvertedPendulum-v5", algo="aesrl", run_id="rc-short", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), total_steps=2600, initial_steps=2000, batch_size=32,
+                                critic_chunk=40).resolve()
+    run = VirtualRun(cfg, 256, CostModel(), out_dir=tmp_path)
+    run.run()
+    ups = [r for r in read_metrics(run.run_dir) if r["type"] == "update"]
+    lens = [r["len"] for r in ups if r["random"]]
+    assert 2000 <= sum(lens) < 2000 + max(lens), (sum(lens), max(lens))
+    assert min(lens[:20]) < sum(lens) / len(lens)  # the short episodes did come back first
+    assert any(not r["random"] for r in ups)
+
+
+def test_the_critic_gate_counts_the_jobs_in_flight_against_the_critic_lag(tmp_path):
+    """32 virtual workers of 20-step episodes, a critic of 100 steps a second (the run's bottleneck) and
+    critic_lag 200 steps: past the random phase no more than 200 / 20 jobs are out at once (a gate that let
+    out up to room / 20 jobs at each ask, whatever was in flight, had ~30 out)."""
+    from scheduler.critic_gate import ResultGate
+
+    cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id="gi", seed=4, hidden=(8, 8),
+                                critic_hidden=(16, 16), env_kwargs={"episode_len": 20}, total_steps=1600,
+                                initial_steps=400, batch_size=32, critic_chunk=40, critic_lag=200).resolve()
+    run = VirtualRun(cfg, 32, CostModel(learner_steps_per_s=100.0), out_dir=tmp_path)
+    gated, out = ResultGate.ask, []
+
+    def seen(self, n, steps, inflight, critic_version, critic_steps, now):
+        jobs = gated(self, n, steps, inflight, critic_version, critic_steps, now)
+        if steps >= cfg.initial_steps and critic_version > 0:
+            out.append(inflight + len(jobs))  # jobs out once this ask's go
+        return jobs
+
+    ResultGate.ask = seen
+    try:
+        run.run()
+    finally:
+        ResultGate.ask = gated
+    assert out and max(out) <= 200 // 20, max(out)

@@ -134,6 +134,12 @@ class AesrlOptimizer(OwnsDistribution):
         rl = rl and self.rl
         specs = []
         random_phase = self.rl and steps < cfg.initial_steps
+        if random_phase:
+            # the random jobs in flight count towards initial_steps, each as a full episode: the ones
+            # that came back are the short ones (they end first), so a mean of the returned lengths
+            # undercounts those still out. Without it every slot filled before initial_steps are stored
+            # goes out random: N workers store up to N × (1 + queued) random episodes
+            n = min(n, max(0, math.ceil((cfg.initial_steps - steps) / cfg.max_episode_steps - inflight)))
         rl_steps = min(cfg.rl_steps_max, sum(self.recent_lens) or cfg.max_episode_steps)
         for _ in range(n):
             self.dispatched += 1
