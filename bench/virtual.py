@@ -183,15 +183,15 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     from aesrl_queue.virtual import VIRTUAL_FILE, VirtualRun
 
     rule = cell.get("staleness")
+    # ptd3: the parallel TD3 of bench/parallel_td3.py, on --algo td3's settings (its learner, sizes)
+    algo = "td3" if cell["algo"] == "ptd3" else cell["algo"]
     # the rows name the dispatch rules of the asynchronous learners (the random jobs in flight capped at
     # initial_steps, the critic gate counting the jobs in flight), which the core has run since they
     # became its defaults: rows without them ran the rules before (docs/scaling.md, "How many workers pay")
-    spec = algorithm("td3" if cell["algo"] == "ptd3" else cell["algo"])
-    cap = gate = spec.tells == "result" and spec.learner
+    spec = algorithm(algo)
+    rules = spec.tells == "result" and spec.learner
     run_id = (f"v-{cell['env'].split('-')[0].lower()}-{cell['algo']}-n{cell['workers']}-s{cell['seed']}"
-              + (f"-{rule.replace(':', '')}" if rule else "") + ("-rcap" if cap else "") + ("-gif" if gate else ""))
-    # ptd3: the parallel TD3 of bench/parallel_td3.py, on --algo td3's settings (its learner, sizes)
-    algo = "td3" if cell["algo"] == "ptd3" else cell["algo"]
+              + (f"-{rule.replace(':', '')}" if rule else "") + ("-rcap-gif" if rules else ""))
     cfg = RunConfig.from_preset(cell["env"], algo=algo, seed=cell["seed"], run_id=run_id,
                                 total_steps=cell["steps"], **cell.get("settings", {})).resolve()
     t0 = time.monotonic()
@@ -227,8 +227,8 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     facts = summary.get("virtual", {})
     resumes = [r["virtual_s"] for r in facts.get("resumes", [])]
     return {**{k: cell[k] for k in ("env", "algo", "workers", "seed", "steps", "interactions", "settings", "cost_model")},
-            **({"staleness": rule} if rule else {}), **({"random_cap": True} if cap else {}),
-            **({"gate_inflight": True} if gate else {}), "run_dir": str(run_dir),
+            **({"staleness": rule} if rule else {}),
+            **({"random_cap": True, "gate_inflight": True} if rules else {}), "run_dir": str(run_dir),
             "status": summary.get("status"), "virtual_s": facts.get("virtual_s"),
             # a resumed cell: the wall seconds of all its incarnations, and where each resume took it up
             "wall_s": facts["wall_s"] if resumes else round(time.monotonic() - t0, 1),

@@ -425,7 +425,6 @@ def test_the_random_jobs_in_flight_count_towards_initial_steps(tmp_path):
     """8 virtual workers (16 slots) on a 160-step random phase of 20-step episodes: the random jobs fill
     initial_steps and no more (a refill that sent every free slot random stored 16 × 20 = 320 random
     steps), and the rest of the budget is learned jobs."""
-
     cfg = RunConfig.from_preset("AesrlNull-v0", algo="aesrl", run_id="rc", seed=4, hidden=(8, 8),
                                 critic_hidden=(16, 16), env_kwargs={"episode_len": 20}, total_steps=1200,
                                 initial_steps=160, batch_size=32, critic_chunk=40).resolve()
